@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.invocations.models import ErrorCode, InvocationRecord, Status
+
+
+class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
+    """An invocation record on the wire (camelCase; empty optional fields left out)."""
+
+    invocationId = serializers.UUIDField(source="id")
+    toolCallId = serializers.CharField(source="tool_call_id")
+    runId = serializers.CharField(source="run_id")
+    toolId = serializers.CharField(source="tool_ref")
+    status = serializers.ChoiceField(choices=Status.choices)
+    ok = serializers.BooleanField(allow_null=True, required=False)
+    result = serializers.JSONField(required=False, allow_null=True)
+    errorCode = serializers.ChoiceField(source="error_code", choices=ErrorCode.choices, required=False)
+    safeMessage = serializers.CharField(source="safe_message", required=False)
+    args = serializers.JSONField(required=False, allow_null=True, help_text="Redacted arguments")
+    principal = serializers.CharField()
+    connectionId = serializers.CharField(source="connection_id", required=False)
+    idempotencyKey = serializers.CharField(source="idempotency_key", required=False)
+    policyRule = serializers.CharField(source="policy_rule", required=False)
+    createdAt = serializers.DateTimeField(source="created_at")
+    startedAt = serializers.DateTimeField(source="started_at", required=False, allow_null=True)
+    endedAt = serializers.DateTimeField(source="ended_at", required=False, allow_null=True)
+    durationMs = serializers.IntegerField(source="duration_ms", required=False, allow_null=True)
+
+    OPTIONAL = ("ok", "result", "errorCode", "safeMessage", "connectionId", "idempotencyKey", "policyRule")
+
+    class Meta:
+        model = InvocationRecord
+        fields = [
+            "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
+            "safeMessage", "args", "principal", "connectionId", "idempotencyKey", "policyRule",
+            "createdAt", "startedAt", "endedAt", "durationMs",
+        ]  # fmt: skip
+
+    def to_representation(self, instance: InvocationRecord) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        for name in self.OPTIONAL:
+            if data.get(name) in (None, ""):
+                data.pop(name, None)
+        if instance.ok is not True:
+            data.pop("result", None)
+        return data

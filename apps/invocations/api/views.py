@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.invocations import runner
+from apps.invocations.api.serializers import InvocationSerializer
+from apps.invocations.models import InvocationRecord, Status
+from apps.invocations.requests import InvocationRequest
+from apps.tenants.callers import Caller
+from toolhub.api import BadRequest, CallerView, parse_body
+
+
+class NewestFirst(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    page_size_query_param = "pageSize"
+    max_page_size = 200
+
+
+def _records_of(caller: Caller) -> QuerySet[InvocationRecord]:
+    return InvocationRecord.objects.filter(tenant=caller.tenant)
+
+
+class InvocationListView(CallerView):
+    @extend_schema(
+        operation_id="invocations_create",
+        summary="Invoke a tool",
+        request=InvocationRequest,
+        responses={
+            200: InvocationSerializer,
+            202: OpenApiResponse(InvocationSerializer, description="Held for a human decision"),
+            400: OpenApiResponse(description="Malformed request, with field errors"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        invocation = parse_body(request, InvocationRequest)
+        record = runner.invoke(self.caller(request), invocation)
+        code = status.HTTP_202_ACCEPTED if record.status == Status.PENDING_APPROVAL else status.HTTP_200_OK
+        return Response(InvocationSerializer(record).data, status=code)
+
+    @extend_schema(
+        operation_id="invocations_list",
+        summary="This tenant's invocation records, newest first",
+        parameters=[
+            OpenApiParameter("runId", str),
+            OpenApiParameter("status", str, enum=Status.values),
+            OpenApiParameter("toolId", str),
+        ],
+        responses=InvocationSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        records = _records_of(self.caller(request))
+        params = request.query_params
+        if "status" in params and params["status"] not in Status.values:
+            raise BadRequest(
+                "Unknown status.", [{"field": "status", "message": f"use one of {', '.join(Status.values)}"}]
+            )
+        for param, field in (("runId", "run_id"), ("status", "status"), ("toolId", "tool_ref")):
+            if param in params:
+                records = records.filter(**{field: params[param]})
+        paginator = NewestFirst()
+        page = paginator.paginate_queryset(records, request, view=self)
+        return paginator.get_paginated_response(InvocationSerializer(page, many=True).data)
+
+
+class InvocationDetailView(CallerView):
+    @extend_schema(operation_id="invocations_retrieve", responses=InvocationSerializer)
+    def get(self, request: Request, invocation_id: str) -> Response:
+        record = _records_of(self.caller(request)).filter(pk=invocation_id).first()
+        if record is None:
+            raise NotFound("No such invocation in your tenant.")
+        return Response(InvocationSerializer(record).data)

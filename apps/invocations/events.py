@@ -1,0 +1,109 @@
+"""Run events: persisted with a per-run sequence number, then pushed to the channel layer.
+
+Every event goes through `emit`, from web and worker processes alike. The row is
+written first and the push happens after commit, so a subscriber replaying from
+the database and one listening live see the same events in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import datetime
+from typing import Any, Literal, NotRequired, TypedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.utils import timezone
+
+from apps.invocations.models import Run, RunEvent
+from apps.tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+EVENT_VERSION = 1
+EventType = Literal[
+    "tool_call_start",
+    "tool_call_result",
+    "approval_required",
+    "approval_decided",
+    "tool_call_cancelled",
+]
+
+
+class EventMessage(TypedDict):
+    v: int
+    seq: int
+    type: EventType
+    runId: str
+    toolCallId: str
+    toolId: str
+    at: str
+    args: NotRequired[Any]
+    ok: NotRequired[bool]
+    result: NotRequired[Any]
+    errorCode: NotRequired[str]
+    safeMessage: NotRequired[str]
+    durationMs: NotRequired[int]
+    invocationId: NotRequired[str]
+
+
+def run_group(tenant_id: int, run_id: str) -> str:
+    """Channel-layer group for one run (group names allow only a few characters)."""
+    digest = hashlib.sha256(f"{tenant_id}/{run_id}".encode()).hexdigest()[:40]
+    return f"run.{digest}"
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}"
+
+
+def emit(
+    tenant: Tenant,
+    run_id: str,
+    type: EventType,
+    *,
+    tool_call_id: str,
+    tool_id: str,
+    at: datetime | None = None,
+    **fields: Any,
+) -> EventMessage:
+    at = at or timezone.now()
+    with transaction.atomic():
+        seq = Run.objects.next_seq(tenant, run_id)
+        message: EventMessage = {
+            "v": EVENT_VERSION,
+            "seq": seq,
+            "type": type,
+            "runId": run_id,
+            "toolCallId": tool_call_id,
+            "toolId": tool_id,
+            "at": at.isoformat().replace("+00:00", "Z"),
+            **fields,  # type: ignore[typeddict-item]
+        }
+        RunEvent.objects.create(
+            tenant=tenant,
+            run_id=run_id,
+            seq=seq,
+            type=type,
+            tool_call_id=tool_call_id,
+            tool_id=tool_id,
+            message=message,
+            at=at,
+        )
+        transaction.on_commit(lambda: _push(tenant.pk, run_id, message))
+    return message
+
+
+def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    envelope = {"type": "run.event", "event": message}
+    try:
+        async_to_sync(layer.group_send)(run_group(tenant_id, run_id), envelope)
+    except Exception:
+        # The event is already persisted: a subscriber that missed the push
+        # catches up by replaying after its last sequence number.
+        logger.exception("could not push event %s#%s to the channel layer", run_id, message["seq"])

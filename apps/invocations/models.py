@@ -1,0 +1,131 @@
+"""Invocation records and the per-run event log."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import F
+
+from apps.tenants.models import Tenant
+from apps.tools.models import Tool
+
+
+class ErrorCode(models.TextChoices):
+    UNAVAILABLE = "unavailable"
+    POLICY_DENIED = "policy_denied"
+    AUTHZ_DENIED = "authz_denied"
+    INVALID_JSON = "invalid_json"
+    VALIDATION = "validation"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_EXPIRED = "approval_expired"
+    EXECUTION = "execution"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    OUTPUT_INVALID = "output_invalid"
+    RESULT_TOO_LARGE = "result_too_large"
+    REDACTION_FAILED = "redaction_failed"
+    RATE_LIMITED = "rate_limited"
+
+
+class Status(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class InvocationRecord(models.Model):
+    """One attempted tool call, refused ones included. Args and result are redacted."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invocations")
+    tool = models.ForeignKey(Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    tool_ref = models.CharField(max_length=200, help_text="The tool id as requested.")
+    tool_call_id = models.CharField(max_length=128)
+    run_id = models.CharField(max_length=128)
+    principal = models.CharField(max_length=160)
+    connection_id = models.CharField(max_length=64, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    ok = models.BooleanField(null=True)
+    args = models.JSONField(null=True, blank=True)
+    args_shape = models.JSONField(null=True, blank=True, help_text="Keys and types, never values.")
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=24, choices=ErrorCode.choices, blank=True)
+    safe_message = models.CharField(max_length=1000, blank=True)
+    policy_rule = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "run_id"]),
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["tenant", "tool_call_id"]),
+        ]
+        constraints = [
+            # The idempotency ledger: one call per key and tenant, enforced by
+            # the database so concurrent retries cannot both execute.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="one_call_per_idempotency_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_ref} {self.tool_call_id} ({self.status})"
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def next_seq(self, tenant: Tenant, run_id: str) -> int:
+        """Allocate the run's next event number; call inside a transaction.
+
+        The UPDATE locks the run's row until commit, so concurrent emitters on
+        one run take numbers one after another and commit in that order.
+        """
+        run, _ = self.get_or_create(tenant=tenant, run_id=run_id)
+        self.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
+        return self.filter(pk=run.pk).values_list("last_seq", flat=True).get()
+
+
+class Run(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    run_id = models.CharField(max_length=128)
+    last_seq = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="unique_run")]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
+class RunEvent(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
+    run_id = models.CharField(max_length=128)
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=40)
+    tool_call_id = models.CharField(max_length=128)
+    tool_id = models.CharField(max_length=200)
+    message = models.JSONField(help_text="The event exactly as streamed.")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant", "run_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "run_id", "seq"], name="unique_event_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"

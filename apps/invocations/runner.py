@@ -1,0 +1,446 @@
+"""The runner: the one path every tool call takes (TOOLS_VIA_TOOLRUNNER).
+
+REST, wire-format batches, MCP and resumed approvals all call `invoke`. It reads
+as the numbered pipeline of DESIGN.md, one small step per function:
+
+  1 lookup_tool          unavailable
+  2 check_policy         policy_denied
+  3 check_permission     authz_denied            (object permissions, next issue)
+  4 check_connection     policy_denied
+  5 validate_args        invalid_json, validation
+  6 find_replay          idempotency ledger hit -> the recorded call
+  7 hold_for_approval    pending_approval
+  8 record_start         tool_call_start
+  9 bind_capabilities
+ 10 execute              execution, timeout, cancelled
+ 11 validate_output      output_invalid, result_too_large
+ 12 redact_result        redaction_failed
+ 13 record_result        tool_call_result
+
+A step that refuses raises `Refusal`; the call then ends as a recorded
+`ok: false` result. Nothing a tool does can turn into an HTTP 500.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, close_old_connections, transaction
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from apps.connections.models import Connection
+from apps.invocations import events
+from apps.invocations.capabilities import bind
+from apps.invocations.models import ErrorCode, InvocationRecord, Status
+from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
+from apps.policies import policy
+from apps.tenants.callers import Caller
+from apps.tools.capabilities import Capabilities
+from apps.tools.contracts import ToolContext, ToolError, ToolParams
+from apps.tools.models import Tool
+from apps.tools.redaction import redact, shape_of
+from apps.tools.registry import RegisteredTool, registry
+
+logger = logging.getLogger(__name__)
+
+_tool_threads = ThreadPoolExecutor(
+    max_workers=settings.TOOLHUB_TOOL_THREADS, thread_name_prefix="toolhub-tool"
+)
+
+
+class Refusal(Exception):
+    """A step's verdict that the call ends here, with a code and a safe message."""
+
+    def __init__(self, code: ErrorCode, safe_message: str) -> None:
+        super().__init__(safe_message)
+        self.code = code
+        self.safe_message = safe_message
+
+
+@dataclass
+class Call:
+    """Everything the steps learn about one call, as they learn it."""
+
+    caller: Caller
+    request: InvocationRequest
+    tool_call_id: str
+    run_id: str
+    received_at: datetime
+    raw_args: dict[str, Any] | None = None
+    args_problem: Refusal | None = None
+    tool: Tool | None = None
+    registered: RegisteredTool | None = None
+    decision: policy.Decision | None = None
+    connection_id: str = ""
+    params: ToolParams | None = None
+    request_hash: str = ""
+    record: InvocationRecord | None = None
+    context: ToolContext | None = field(default=None, repr=False)
+
+    @classmethod
+    def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
+        call = cls(
+            caller=caller,
+            request=request,
+            # TOOLCALLID_STABLE: the caller's id, or one minted here, from start to result.
+            tool_call_id=request.tool_call_id or f"call_{uuid.uuid4().hex}",
+            run_id=request.run_id or f"run_{uuid.uuid4().hex}",
+            received_at=timezone.now(),
+        )
+        call.raw_args, call.args_problem = _parse_arguments(request)
+        return call
+
+    @property
+    def tool_ref(self) -> str:
+        return self.request.tool_id
+
+    @property
+    def timeout_s(self) -> float:
+        assert self.tool is not None
+        return self.tool.timeout_ms / 1000
+
+    def redacted_args(self) -> Any:
+        if self.params is None or self.registered is None:
+            return None  # unvalidated args are never stored, only their shape
+        return redact(self.params.model_dump(mode="json"), self.registered.args_tree)
+
+
+def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None, Refusal | None]:
+    if request.arguments is None:
+        return (request.args or {}), None
+    try:
+        parsed = json.loads(request.arguments)
+    except ValueError:
+        return None, Refusal(ErrorCode.INVALID_JSON, "The tool arguments are not valid JSON.")
+    if not isinstance(parsed, dict):
+        return None, Refusal(ErrorCode.VALIDATION, "The tool arguments must be a JSON object.")
+    return parsed, None
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
+    """Run one tool call through the whole pipeline and return its record."""
+    call = Call.receive(caller, request)
+    try:
+        lookup_tool(call)
+        check_policy(call)
+        check_permission(call)
+        check_connection(call)
+        validate_args(call)
+        replay = find_replay(call)
+        if replay is not None:
+            return replay
+        hold_for_approval(call)
+        winner = record_start(call)
+        if winner is not None:
+            return winner
+        capabilities = bind_capabilities(call)
+        output = execute(call, capabilities)
+        result = validate_output(call, output)
+        return record_result(call, redact_result(call, result))
+    except Refusal as refusal:
+        return record_refusal(call, refusal)
+
+
+# ---------------------------------------------------------------- steps 1-7
+
+
+def lookup_tool(call: Call) -> None:
+    """1. The tool must exist, be enabled by staff and still be provided."""
+    tool = Tool.objects.filter(pk=call.tool_ref).first()
+    registered = registry.get(call.tool_ref)
+    if tool is None or registered is None or not tool.available:
+        raise Refusal(ErrorCode.UNAVAILABLE, f"There is no tool {call.tool_ref[:140]!r}.")
+    call.tool, call.registered = tool, registered
+    if not tool.enabled:
+        raise Refusal(ErrorCode.UNAVAILABLE, f"The tool {tool.id} is disabled.")
+
+
+def check_policy(call: Call) -> None:
+    """2. DENY_BY_DEFAULT: some policy of the caller's tenant must allow the tool."""
+    assert call.tool is not None
+    call.decision = policy.decide(call.caller.tenant, call.caller.principal, call.tool)
+    if not call.decision.allowed:
+        raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
+
+
+def check_permission(call: Call) -> None:
+    """3. Object permission for the actor (execute_tool); arrives with guardian wiring."""
+
+
+def check_connection(call: Call) -> None:
+    """4. A tool that needs a connection gets one the caller's tenant owns and may use.
+
+    Checked before any secret is touched. Until grants exist, no principal may
+    use any connection, so such tools are refused here.
+    """
+    assert call.tool is not None
+    if not call.tool.requires_connection:
+        return  # a connectionId sent to a tool that takes none is not passed on
+    connection_id = call.request.connection_id
+    if not connection_id:
+        raise Refusal(ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given.")
+    try:
+        uuid.UUID(connection_id)
+    except ValueError:
+        raise Refusal(ErrorCode.POLICY_DENIED, "The connection does not exist.") from None
+    if not Connection.objects.filter(tenant=call.caller.tenant, pk=connection_id).exists():
+        raise Refusal(ErrorCode.POLICY_DENIED, "The connection does not exist.")
+    raise Refusal(ErrorCode.POLICY_DENIED, "No grant lets this caller use that connection.")
+
+
+def validate_args(call: Call) -> None:
+    """5. Arguments must be JSON, at most 8 KB, and match the schema exactly."""
+    assert call.registered is not None and call.tool is not None
+    if call.args_problem is not None:
+        raise call.args_problem
+    encoded = json.dumps(call.raw_args, separators=(",", ":"), ensure_ascii=False)
+    if len(encoded.encode()) > MAX_ARGS_BYTES:
+        raise Refusal(
+            ErrorCode.VALIDATION,
+            f"The arguments are {len(encoded.encode())} bytes; the limit is {MAX_ARGS_BYTES}.",
+        )
+    try:
+        call.params = call.registered.contract.params.model_validate_json(encoded, strict=True)
+    except ValidationError as exc:
+        raise Refusal(ErrorCode.VALIDATION, _explain(exc)) from None
+    canonical = json.dumps(
+        [call.tool.id, call.params.model_dump(mode="json"), call.request.connection_id or ""],
+        sort_keys=True,
+    )
+    call.request_hash = hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _explain(exc: ValidationError) -> str:
+    """Which fields are wrong and why, without echoing their values."""
+    problems = []
+    for error in exc.errors(include_input=False, include_url=False)[:5]:
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        problems.append(f"{where}: {error['msg']}")
+    more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return "Invalid arguments: " + "; ".join(problems) + more
+
+
+def find_replay(call: Call) -> InvocationRecord | None:
+    """6. The idempotency ledger: a key already used returns that call's record."""
+    key = call.request.idempotency_key
+    if key is None:
+        return None
+    existing = InvocationRecord.objects.filter(tenant=call.caller.tenant, idempotency_key=key).first()
+    if existing is None:
+        return None
+    if existing.request_hash != call.request_hash:
+        raise Refusal(
+            ErrorCode.VALIDATION,
+            "This idempotencyKey was already used for a different call (tool, arguments or connection).",
+        )
+    return existing
+
+
+def hold_for_approval(call: Call) -> None:
+    """7. The approval gate: calls that need a human never run unapproved.
+
+    Held calls arrive with the approvals issue; until then they are refused.
+    """
+    assert call.tool is not None and call.decision is not None
+    if call.tool.requires_confirmation or call.decision.outcome == "require_approval":
+        raise Refusal(
+            ErrorCode.POLICY_DENIED,
+            f"{call.tool.id} needs a human approval, and approvals are not enabled on this server.",
+        )
+
+
+# ---------------------------------------------------------------- steps 8-13
+
+
+def record_start(call: Call) -> InvocationRecord | None:
+    """8. Write the record (claiming the idempotency key) and emit tool_call_start.
+
+    Returns the winning record when a concurrent call claimed the same key first.
+    """
+    assert call.tool is not None
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            call.record = InvocationRecord.objects.create(
+                **_record_fields(call),
+                idempotency_key=call.request.idempotency_key,
+                status=Status.RUNNING,
+                started_at=now,
+            )
+    except IntegrityError:
+        call.record = None
+        return InvocationRecord.objects.get(
+            tenant=call.caller.tenant, idempotency_key=call.request.idempotency_key
+        )
+    _emit_start(call, now)
+    return None
+
+
+def bind_capabilities(call: Call) -> Capabilities:
+    """9. Build the context (references only) and the capabilities the tool declared."""
+    assert call.registered is not None
+    call.context = ToolContext(
+        tenant=call.caller.tenant.slug,
+        principal=call.caller.principal,
+        run_id=call.run_id,
+        tool_call_id=call.tool_call_id,
+        connection_id=call.connection_id or None,
+        deadline=time.monotonic() + call.timeout_s,
+    )
+    return bind(call.registered.contract.capabilities, call.caller.tenant, call.context)
+
+
+def execute(call: Call, capabilities: Capabilities) -> Any:
+    """10. Run the tool on a worker thread under its deadline.
+
+    Python cannot stop a thread: on timeout the context is marked cancelled
+    (cooperative tools stop) and the caller gets its answer now.
+    """
+    assert call.registered is not None and call.context is not None
+    future = _tool_threads.submit(
+        _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
+    )
+    try:
+        return future.result(timeout=call.timeout_s)
+    except FutureTimeout:
+        call.context._cancel.set()
+        raise Refusal(ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s.") from None
+    except ToolError as exc:
+        raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
+    except Exception as exc:
+        # The exception text may quote arguments or internals: log its type, not its words.
+        logger.warning(
+            "tool %s raised %s (call %s)", call.tool_ref, type(exc).__name__, call.tool_call_id
+        )
+        logger.debug("tool failure", exc_info=True)
+        raise Refusal(ErrorCode.EXECUTION, "The tool failed unexpectedly.") from None
+
+
+def _run_tool(execute_fn: Any, params: Any, ctx: ToolContext, caps: Capabilities) -> Any:
+    try:
+        return execute_fn(params, ctx, caps)
+    finally:
+        close_old_connections()
+
+
+def validate_output(call: Call, output: Any) -> dict[str, Any]:
+    """11. The result must match the declared output and fit in 32 KB."""
+    assert call.registered is not None
+    model = call.registered.contract.result
+    try:
+        validated = output if isinstance(output, model) else model.model_validate(output)
+    except ValidationError:
+        raise Refusal(
+            ErrorCode.OUTPUT_INVALID, "The tool returned a result that does not match its declared output."
+        ) from None
+    data: dict[str, Any] = validated.model_dump(mode="json") if isinstance(validated, BaseModel) else {}
+    size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_RESULT_BYTES:
+        raise Refusal(
+            ErrorCode.RESULT_TOO_LARGE,
+            f"The result is {size} bytes; the limit is {MAX_RESULT_BYTES}.",
+        )
+    return data
+
+
+def redact_result(call: Call, result: dict[str, Any]) -> Any:
+    """12. REDACTION_REQUIRED: only allowlisted fields leave the runner."""
+    if call.registered is None or call.registered.contract.redaction is None:
+        raise Refusal(ErrorCode.REDACTION_FAILED, "The tool has no redaction allowlist.")
+    try:
+        return redact(result, call.registered.result_tree)
+    except Exception:
+        raise Refusal(ErrorCode.REDACTION_FAILED, "The result could not be redacted.") from None
+
+
+def record_result(call: Call, result: Any) -> InvocationRecord:
+    """13. Store the redacted result and emit tool_call_result."""
+    return _finish(call, ok=True, result=result)
+
+
+def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
+    """Any step's refusal: recorded like a result, start and result events included."""
+    if call.record is None:
+        call.record = InvocationRecord.objects.create(
+            **_record_fields(call), status=Status.FAILED, started_at=call.received_at
+        )
+        _emit_start(call, call.received_at)
+    return _finish(call, ok=False, refusal=refusal)
+
+
+# ---------------------------------------------------------------- records and events
+
+
+def _record_fields(call: Call) -> dict[str, Any]:
+    return {
+        "tenant": call.caller.tenant,
+        "tool": call.tool,
+        "tool_ref": call.tool_ref[:200],
+        "tool_call_id": call.tool_call_id,
+        "run_id": call.run_id,
+        "principal": call.caller.principal,
+        "connection_id": call.connection_id,
+        "request_hash": call.request_hash,
+        "args": call.redacted_args(),
+        "args_shape": shape_of(call.raw_args) if call.raw_args is not None else None,
+        "policy_rule": call.decision.rule if call.decision else "",
+    }
+
+
+def _finish(
+    call: Call, *, ok: bool, result: Any = None, refusal: Refusal | None = None
+) -> InvocationRecord:
+    record = call.record
+    assert record is not None and record.started_at is not None
+    record.ended_at = timezone.now()
+    record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
+    record.ok = ok
+    record.result = result
+    record.status = Status.SUCCEEDED if ok else Status.FAILED
+    if refusal is not None:
+        record.error_code = refusal.code
+        record.safe_message = refusal.safe_message
+    record.save()
+    outcome: dict[str, Any] = {"ok": ok, "durationMs": record.duration_ms, "invocationId": str(record.pk)}
+    if ok:
+        outcome["result"] = result
+    else:
+        outcome["errorCode"] = record.error_code
+        outcome["safeMessage"] = record.safe_message
+    events.emit(
+        call.caller.tenant,
+        call.run_id,
+        "tool_call_result",
+        tool_call_id=call.tool_call_id,
+        tool_id=call.tool_ref[:200],
+        **outcome,
+    )
+    return record
+
+
+def _emit_start(call: Call, at: datetime) -> None:
+    assert call.record is not None
+    events.emit(
+        call.caller.tenant,
+        call.run_id,
+        "tool_call_start",
+        tool_call_id=call.tool_call_id,
+        tool_id=call.tool_ref[:200],
+        at=at,
+        args=call.record.args,
+        invocationId=str(call.record.pk),
+    )

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from apps.tenants.models import ApiKey, Tenant
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin[Tenant]):
+    list_display = ("slug", "name", "created_at")
+    search_fields = ("slug", "name")
+    filter_horizontal = ("members",)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+    list_display = ("display_prefix", "principal", "tenant", "name", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("tenant", "revoked_at")
+    search_fields = ("principal", "name", "prefix")
+    readonly_fields = ("display_prefix", "created_at", "last_used_at")
+    actions = ("revoke_keys",)
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        raw = None if change else obj.assign_new_secret()
+        super().save_model(request, obj, form, change)
+        if raw:
+            messages.warning(request, f"New API key (copy it now, it is not shown again): {raw}")
+
+    @admin.action(description="Revoke selected keys")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for key in queryset.filter(revoked_at__isnull=True):
+            key.revoke()

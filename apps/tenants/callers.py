@@ -1,0 +1,69 @@
+"""Who is calling: a tenant plus a principal, from an API key or a staff session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from apps.tenants.models import ApiKey, Tenant
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+class NoTenant(Exception):
+    """A staff user made an API call without a tenant they belong to."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: Tenant
+    principal: str
+    api_key: ApiKey | None = None
+    user: AbstractBaseUser | None = None
+
+    @classmethod
+    def for_api_key(cls, key: ApiKey) -> Caller:
+        return cls(tenant=key.tenant, principal=key.principal, api_key=key)
+
+    @classmethod
+    def for_user(cls, user: AbstractBaseUser, tenant_slug: str | None) -> Caller:
+        """A staff user acts as `user:<username>` inside one of their tenants.
+
+        With several tenants the request must name one (X-Toolhub-Tenant), so a
+        call never lands in a tenant by accident.
+        """
+        tenants = Tenant.objects.all() if getattr(user, "is_superuser", False) else user.tenants.all()  # type: ignore[attr-defined]
+        if tenant_slug:
+            tenant = tenants.filter(slug=tenant_slug).first()
+            if tenant is None:
+                raise NoTenant(f"You are not a member of tenant {tenant_slug!r}.")
+        else:
+            found = list(tenants[:2])
+            if len(found) != 1:
+                raise NoTenant("Name the tenant to act in with the X-Toolhub-Tenant header.")
+            tenant = found[0]
+        return cls(tenant=tenant, principal=f"user:{user.get_username()}", user=user)
+
+
+class ApiPrincipal:
+    """The DRF `request.user` for API-key requests: not a Django user."""
+
+    is_authenticated = True
+    is_anonymous = False
+    is_staff = False
+    is_superuser = False
+
+    def __init__(self, key: ApiKey) -> None:
+        self.key = key
+        self.caller = Caller.for_api_key(key)
+
+    def __str__(self) -> str:
+        return self.key.principal
+
+    def get_username(self) -> str:
+        return self.key.principal
+
+
+def is_api_principal(user: AbstractBaseUser | AnonymousUser | ApiPrincipal | None) -> bool:
+    return isinstance(user, ApiPrincipal)

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractUser, Permission
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+from guardian.shortcuts import assign_perm
+
+from apps.policies.models import Policy
+from apps.tenants.models import ApiKey, Tenant
+from apps.tools.models import Tool, Source
+
+DEMO_PRINCIPAL = "agent:demo"
+
+
+class Command(BaseCommand):
+    help = "Create the embedded demo's tenant, staff users, policy and API key (when missing)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--key-file", default="", help="where the demo key's plaintext is kept")
+        parser.add_argument("--port", type=int, default=int(os.environ.get("TOOLHUB_PORT", "8000")))
+
+    @transaction.atomic
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo tenant"})
+        admin = self._user("admin", superuser=True)
+        operator = self._user("operator", superuser=False)
+        tenant.members.add(admin, operator)
+        operator.user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label__in=["invocations", "tools", "planning"],
+                codename__startswith="view_",
+            )
+        )
+        policy, _ = Policy.objects.get_or_create(
+            tenant=tenant,
+            name="demo: built-in tools",
+            defaults={"description": "Every built-in tool, for the embedded demo."},
+        )
+        core_tools = list(Tool.objects.filter(source=Source.CORE, available=True))
+        policy.tools.add(*core_tools)
+        for tool in core_tools:
+            assign_perm("tools.decide_approval", operator, tool)
+        key = self._demo_key(tenant, Path(options["key_file"]) if options["key_file"] else None)
+        base = f"http://127.0.0.1:{options['port']}"
+        self.stdout.write(
+            "\n".join(
+                [
+                    "",
+                    "toolhub demo",
+                    f"  home:      {base}/",
+                    f"  admin:     {base}/admin/   (admin / admin, operator / operator)",
+                    f"  API docs:  {base}/api/docs/",
+                    f"  health:    {base}/healthz  {base}/readyz",
+                    f"  demo API key for {DEMO_PRINCIPAL} in tenant demo:",
+                    f"    {key}",
+                    "  try:",
+                    f"    curl -H 'Authorization: Bearer {key}' {base}/api/v1/tools/",
+                    f"    curl -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
+                    f"         -d '{{\"toolId\": \"core__get_current_time\", \"args\": {{\"timezone\": \"Europe/Paris\"}}}}' \\",
+                    f"         {base}/api/v1/invocations/",
+                    "",
+                ]
+            )
+        )
+
+    def _user(self, username: str, *, superuser: bool) -> AbstractUser:
+        User = get_user_model()
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            # Fixed demo passwords: this command only ever runs for the embedded demo.
+            create = User.objects.create_superuser if superuser else User.objects.create_user
+            user = create(username=username, password=username, is_staff=True)  # type: ignore[operator]
+        return user  # type: ignore[return-value]
+
+    def _demo_key(self, tenant: Tenant, key_file: Path | None) -> str:
+        """Reuse the key kept in the key file while it still works; else issue a new one."""
+        if key_file is not None and key_file.exists():
+            raw = key_file.read_text().strip()
+            if ApiKey.objects.for_raw_key(raw) is not None:
+                return raw
+        _, raw = ApiKey.objects.issue(tenant, DEMO_PRINCIPAL, name="demo key")
+        if key_file is not None:
+            key_file.parent.mkdir(parents=True, exist_ok=True)
+            key_file.write_text(raw + "\n")
+            key_file.chmod(0o600)
+        return raw

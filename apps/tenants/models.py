@@ -1,0 +1,121 @@
+"""Tenants, their staff members, and the API keys agents authenticate with."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+PRINCIPAL_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._@+-]{1,120}$")
+KEY_PREFIX = "th_"
+
+
+def validate_principal(value: str) -> None:
+    if not PRINCIPAL_RE.match(value):
+        raise ValidationError(
+            "A principal looks like 'kind:name', e.g. 'agent:support-bot' "
+            "(lowercase kind, then letters, digits, . _ @ + -)."
+        )
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="tenants",
+        help_text="Staff users who operate this tenant (approve its calls, read its records).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+def _hash_key(raw: str) -> str:
+    # Keys carry 256 bits of randomness, so a fast hash is enough: there is
+    # nothing to brute-force that a slow hash would protect.
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+    def active(self) -> ApiKeyQuerySet:
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiKeyManager(models.Manager["ApiKey"]):
+    def get_queryset(self) -> ApiKeyQuerySet:
+        return ApiKeyQuerySet(self.model, using=self._db)
+
+    def issue(self, tenant: Tenant, principal: str, name: str = "") -> tuple[ApiKey, str]:
+        """Create a key and return it with its plaintext, which is never stored."""
+        validate_principal(principal)
+        key = self.model(tenant=tenant, principal=principal, name=name)
+        raw = key.assign_new_secret()
+        key.save()
+        return key, raw
+
+    def for_raw_key(self, raw: str) -> ApiKey | None:
+        """The active key matching a presented plaintext, or None."""
+        if not raw.startswith(KEY_PREFIX) or raw.count("_") < 2 or len(raw) > 200:
+            return None
+        prefix = raw[len(KEY_PREFIX) :].split("_", 1)[0]
+        candidate = self.get_queryset().active().select_related("tenant").filter(prefix=prefix).first()
+        if candidate is None or not secrets.compare_digest(candidate.key_hash, _hash_key(raw)):
+            return None
+        return candidate
+
+
+class ApiKey(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    principal = models.CharField(
+        max_length=160,
+        validators=[validate_principal],
+        help_text="Who calls with this key, e.g. agent:support-bot.",
+    )
+    name = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyManager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{KEY_PREFIX}{self.prefix}… ({self.principal} @ {self.tenant_id and self.tenant.slug})"
+
+    @property
+    def display_prefix(self) -> str:
+        return f"{KEY_PREFIX}{self.prefix}_…"
+
+    def assign_new_secret(self) -> str:
+        """Give an unsaved key its secret; returns the plaintext, which is not kept."""
+        self.prefix = secrets.token_hex(4)
+        raw = f"{KEY_PREFIX}{self.prefix}_{secrets.token_urlsafe(32)}"
+        self.key_hash = _hash_key(raw)
+        return raw
+
+    def touch(self) -> None:
+        """Record use, at most once a minute, to avoid a write per request."""
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            ApiKey.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+    def revoke(self) -> None:
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import post_migrate
+
+
+class ToolsConfig(AppConfig):
+    name = "apps.tools"
+    label = "tools"
+
+    def ready(self) -> None:
+        from apps.tools.registry import registry
+
+        # Registration errors stop start-up on purpose: a broken contract must
+        # never reach the catalog.
+        if not registry.all():
+            registry.load_modules(settings.TOOLHUB_TOOL_MODULES)
+        post_migrate.connect(sync_tools_after_migrate, sender=self)
+
+
+def sync_tools_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
+    from apps.tools.models import Tool
+    from apps.tools.registry import registry
+
+    Tool.objects.db_manager(using).sync_registry(registry)

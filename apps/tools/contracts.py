@@ -1,0 +1,109 @@
+"""What a tool is, in code: a contract the registry checks and the runner executes.
+
+Tool modules import only this module, the capability protocols and pydantic: no
+settings, environment, ORM or network clients (TOOL_FILE_PURITY). Everything a
+tool touches outside its arguments arrives as an injected capability.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Effect = Literal["read_only", "state_change", "external_side_effect"]
+ConsequenceLevel = Literal["low", "medium", "high"]
+EFFECTS: tuple[Effect, ...] = ("read_only", "state_change", "external_side_effect")
+CONSEQUENCE_LEVELS: tuple[ConsequenceLevel, ...] = ("low", "medium", "high")
+DEFAULT_TIMEOUT_S = 15.0
+
+
+class ToolParams(BaseModel):
+    """Base for a tool's arguments: unknown keys are an error, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolOutput(BaseModel):
+    """Base for a tool's result payload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolError(Exception):
+    """Raised by a tool for a failure whose message is safe to show the model.
+
+    Any other exception becomes a generic `execution` error: its text may hold
+    args or internals, so it is logged, never returned.
+    """
+
+    def __init__(self, safe_message: str) -> None:
+        super().__init__(safe_message)
+        self.safe_message = safe_message
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Allowlists of field paths ("steps.title") kept in records, events and results.
+
+    Fields not listed are stripped. A path names a whole subtree; lists are
+    traversed element by element.
+    """
+
+    result: tuple[str, ...]
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """References only (NO_SECRETS_IN_CONTEXT): ids, never credentials."""
+
+    tenant: str
+    principal: str
+    run_id: str
+    tool_call_id: str
+    connection_id: str | None
+    deadline: float
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the runner gave up on this call (deadline or cancellation)."""
+        return self._cancel.is_set()
+
+    def time_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def wait_cancelled(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, waking early when cancelled."""
+        return self._cancel.wait(timeout)
+
+
+Execute = Callable[[Any, ToolContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class ToolContract:
+    name: str
+    description: str
+    params: type[ToolParams]
+    result: type[BaseModel]
+    execute: Execute
+    effect: Effect
+    redaction: Redaction | None
+    consequence_level: ConsequenceLevel = "low"
+    requires_confirmation: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    tags: tuple[str, ...] = ()
+    version: str = "1"
+    requires_connection: bool = False
+    capabilities: tuple[str, ...] = ()
+    namespace: str = "core"
+
+    @property
+    def id(self) -> str:
+        return f"{self.namespace}__{self.name}"

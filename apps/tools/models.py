@@ -1,0 +1,125 @@
+"""The tool catalog as data: one row per tool, enabled or not by staff."""
+
+from __future__ import annotations
+
+from django.db import models, transaction
+
+from apps.tools.registry import RegisteredTool, ToolRegistrationError, ToolRegistry
+
+
+class Effect(models.TextChoices):
+    READ_ONLY = "read_only", "read only"
+    STATE_CHANGE = "state_change", "state change"
+    EXTERNAL_SIDE_EFFECT = "external_side_effect", "external side effect"
+
+
+class ConsequenceLevel(models.TextChoices):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+
+class Source(models.TextChoices):
+    CORE = "core", "built in"
+    MCP = "mcp", "MCP server"
+
+
+class ToolQuerySet(models.QuerySet["Tool"]):
+    def usable(self) -> ToolQuerySet:
+        """Tools a policy may hand out: enabled by staff and still provided."""
+        return self.filter(enabled=True, available=True)
+
+
+class ToolManager(models.Manager["Tool"]):
+    def get_queryset(self) -> ToolQuerySet:
+        return ToolQuerySet(self.model, using=self._db)
+
+    def usable(self) -> ToolQuerySet:
+        return self.get_queryset().usable()
+
+    @transaction.atomic
+    def sync_registry(self, registry: ToolRegistry) -> list[Tool]:
+        """Mirror the in-code contracts into rows; staff's enabled flag is kept.
+
+        A core contract whose id is held by a tool of another source is a
+        collision (TOOL_ID_STABILITY): refused, never overwritten.
+        """
+        synced = []
+        for registered in registry.all():
+            existing = self.filter(pk=registered.id).first()
+            if existing is not None and existing.source != Source.CORE:
+                raise ToolRegistrationError(
+                    f"tool id collision: {registered.id} already belongs to a {existing.source} tool"
+                )
+            tool = existing or Tool(id=registered.id, enabled=True)
+            tool.apply_contract(registered)
+            tool.save()
+            synced.append(tool)
+        gone = self.filter(source=Source.CORE, available=True).exclude(pk__in=[t.pk for t in synced])
+        gone.update(available=False)
+        return synced
+
+
+class Tool(models.Model):
+    id = models.CharField(primary_key=True, max_length=140)
+    name = models.CharField(max_length=64)
+    description = models.CharField(max_length=200)
+    input_schema = models.JSONField()
+    output_schema = models.JSONField(default=dict)
+    schema_hash = models.CharField(max_length=16)
+    effect = models.CharField(max_length=24, choices=Effect.choices)
+    consequence_level = models.CharField(max_length=8, choices=ConsequenceLevel.choices)
+    requires_confirmation = models.BooleanField(
+        default=False, help_text="Every call waits for a human, whatever the policy says."
+    )
+    requires_connection = models.BooleanField(default=False)
+    timeout_ms = models.PositiveIntegerField(default=15000)
+    redaction_result = models.JSONField(default=list, help_text="Result fields kept in records.")
+    redaction_args = models.JSONField(default=list, help_text="Argument fields kept in records.")
+    tags = models.JSONField(default=list, blank=True)
+    version = models.CharField(max_length=32, default="1")
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.CORE)
+    enabled = models.BooleanField(
+        default=False, help_text="Disabled tools are refused and never listed, whatever the policy."
+    )
+    available = models.BooleanField(
+        default=True, editable=False, help_text="False when the code or server no longer provides it."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ToolManager()
+
+    class Meta:
+        ordering = ["id"]
+        permissions = [
+            ("execute_tool", "Can execute this tool"),
+            ("decide_approval", "Can decide approvals of this tool's calls"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def usable(self) -> bool:
+        return self.enabled and self.available
+
+    def apply_contract(self, registered: RegisteredTool) -> None:
+        contract = registered.contract
+        self.name = contract.name
+        self.description = contract.description
+        self.input_schema = registered.input_schema
+        self.output_schema = registered.output_schema
+        self.schema_hash = registered.schema_hash
+        self.effect = contract.effect
+        self.consequence_level = contract.consequence_level
+        self.requires_confirmation = contract.requires_confirmation
+        self.requires_connection = contract.requires_connection
+        self.timeout_ms = int(contract.timeout_s * 1000)
+        assert contract.redaction is not None  # checked at registration
+        self.redaction_result = list(contract.redaction.result)
+        self.redaction_args = list(contract.redaction.args)
+        self.tags = list(contract.tags)
+        self.version = contract.version
+        self.source = Source.CORE
+        self.available = True

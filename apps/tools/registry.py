@@ -1,0 +1,125 @@
+"""The in-code tool registry: contracts checked once, at registration.
+
+A contract that breaks a rule (bad name, missing redaction, schema outside the
+subset, a `connectionId` arg, a duplicate id) is refused loudly at start-up, so a
+broken tool never reaches the catalog.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from apps.tools.capabilities import Capabilities
+from apps.tools.contracts import CONSEQUENCE_LEVELS, EFFECTS, ToolContract, ToolParams
+from apps.tools.redaction import PathTree, RedactionError, build_tree, check_paths
+from apps.tools.schema import (
+    SchemaError,
+    check_input_schema,
+    check_output_schema,
+    compile_model,
+    schema_hash,
+)
+
+NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+NAMESPACE_RE = re.compile(r"^[a-z0-9-]{1,32}$")  # no "_": "__" must split id parts unambiguously
+KNOWN_CAPABILITIES = frozenset(Capabilities.__dataclass_fields__)
+
+
+class ToolRegistrationError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    """A checked contract with its compiled schemas and redaction trees."""
+
+    contract: ToolContract
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    schema_hash: str
+    result_tree: PathTree
+    args_tree: PathTree
+
+    @property
+    def id(self) -> str:
+        return self.contract.id
+
+
+def check_contract(contract: ToolContract) -> RegisteredTool:
+    def refuse(reason: str) -> ToolRegistrationError:
+        return ToolRegistrationError(f"tool {contract.namespace}__{contract.name}: {reason}")
+
+    if not NAME_RE.match(contract.name):
+        raise refuse("name must match ^[a-z0-9_-]{1,64}$")
+    if not NAMESPACE_RE.match(contract.namespace):
+        raise refuse("namespace must match ^[a-z0-9-]{1,32}$")
+    if not 1 <= len(contract.description.strip()) <= 200 or len(contract.description) > 200:
+        raise refuse("description must be 1-200 characters")
+    if contract.effect not in EFFECTS:
+        raise refuse(f"effect must be one of {', '.join(EFFECTS)}")
+    if contract.consequence_level not in CONSEQUENCE_LEVELS:
+        raise refuse(f"consequence level must be one of {', '.join(CONSEQUENCE_LEVELS)}")
+    if not 0 < contract.timeout_s <= 600:
+        raise refuse("timeout must be between 0 and 600 seconds")
+    if not (isinstance(contract.params, type) and issubclass(contract.params, ToolParams)):
+        raise refuse("params must subclass ToolParams (which forbids unknown keys)")
+    if contract.redaction is None:
+        raise refuse("a redaction allowlist is required (REDACTION_REQUIRED)")
+    unknown = set(contract.capabilities) - KNOWN_CAPABILITIES
+    if unknown:
+        raise refuse(f"unknown capabilities {sorted(unknown)}")
+    try:
+        input_schema = compile_model(contract.params)
+        output_schema = compile_model(contract.result)
+        check_input_schema(input_schema)
+        check_output_schema(output_schema)
+        check_paths(contract.redaction.result, output_schema, "result")
+        check_paths(contract.redaction.args, input_schema, "args")
+        result_tree = build_tree(contract.redaction.result)
+        args_tree = build_tree(contract.redaction.args)
+    except (SchemaError, RedactionError) as exc:
+        raise refuse(str(exc)) from None
+    return RegisteredTool(
+        contract=contract,
+        input_schema=input_schema,
+        output_schema=output_schema,
+        schema_hash=schema_hash(input_schema),
+        result_tree=result_tree,
+        args_tree=args_tree,
+    )
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+
+    def register(self, contract: ToolContract) -> RegisteredTool:
+        tool = check_contract(contract)
+        if tool.id in self._tools:
+            raise ToolRegistrationError(f"tool id collision: {tool.id} is already registered")
+        self._tools[tool.id] = tool
+        return tool
+
+    def unregister(self, tool_id: str) -> None:
+        self._tools.pop(tool_id, None)
+
+    def load_modules(self, modules: list[str]) -> None:
+        for module_name in modules:
+            module = importlib.import_module(module_name)
+            contracts = getattr(module, "CONTRACTS", None)
+            if contracts is None:
+                raise ToolRegistrationError(f"{module_name} has no CONTRACTS list")
+            for contract in contracts:
+                self.register(contract)
+
+    def get(self, tool_id: str) -> RegisteredTool | None:
+        return self._tools.get(tool_id)
+
+    def all(self) -> list[RegisteredTool]:
+        return sorted(self._tools.values(), key=lambda tool: tool.id)
+
+
+registry = ToolRegistry()

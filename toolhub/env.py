@@ -1,0 +1,75 @@
+"""Typed readers for environment variables.
+
+Settings come from the environment only. Each helper refuses values it cannot
+interpret instead of guessing, so a typo in a deployment fails at start-up with
+the variable's name in the message rather than running with a surprise default.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer; got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}; got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}; got {value}")
+    return value
+
+
+def env_list(name: str, default: list[str] | None = None) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default or [])
+    items = [item.strip() for item in raw.split(",")]
+    if any(item == "" for item in items) and raw.strip() != "":
+        raise ImproperlyConfigured(f"{name} is a comma-separated list with an empty item: {raw!r}")
+    return [item for item in items if item]
+
+
+# Secret keys that must never protect a real deployment.
+INSECURE_SECRET_KEYS = {"", "changeme", "change-me", "secret", "insecure", "django-insecure"}
+
+
+def env_secret(name: str, *, debug: bool, dev_default: str, min_length: int = 32) -> str:
+    """A secret that must be set, long and non-default unless running in debug mode."""
+    value = os.environ.get(name, "").strip()
+    if debug and not value:
+        return dev_default
+    if value.lower() in INSECURE_SECRET_KEYS or value.startswith("django-insecure") or value == dev_default:
+        raise ImproperlyConfigured(
+            f"{name} is missing or a known default; set it to a random value of "
+            f"{min_length}+ characters (or set TOOLHUB_DEBUG=1 for local development)"
+        )
+    if len(value) < min_length:
+        raise ImproperlyConfigured(f"{name} must be at least {min_length} characters long")
+    return value

@@ -1,0 +1,203 @@
+"""toolhub settings: read from the environment only (see docs/deployment.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from toolhub.env import env_bool, env_int, env_list, env_secret, env_str
+
+# Lets generic annotations such as admin.ModelAdmin[Tool] work at runtime.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("TOOLHUB_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("TOOLHUB_DEBUG", default=False)
+SECRET_KEY = env_secret(
+    "TOOLHUB_SECRET_KEY",
+    debug=DEBUG,
+    dev_default="debug-only-secret-key-not-for-any-deployment-000000",
+)
+ALLOWED_HOSTS = env_list("TOOLHUB_ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("TOOLHUB_CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "guardian",
+    "channels",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "apps.tenants",
+    "apps.tools",
+    "apps.policies",
+    "apps.connections",
+    "apps.approvals",
+    "apps.invocations",
+    "apps.planning",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "toolhub.urls"
+ASGI_APPLICATION = "toolhub.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database(url: str) -> dict[str, object]:
+    if not url:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{VAR_DIR / 'toolhub.sqlite3'}"
+    try:
+        config: dict[str, object] = dict(dj_database_url.parse(url, conn_max_age=0))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # WAL lets readers run while one writer writes; IMMEDIATE transactions take
+        # the write lock up front so concurrent writers wait (busy timeout) instead
+        # of failing with "database is locked" on a lock upgrade.
+        config["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+        # Tests use a file, not :memory:, so that the runner's worker threads and
+        # a test's Daphne subprocess see the same database.
+        config["TEST"] = {"NAME": str(VAR_DIR / "test-toolhub.sqlite3")}
+    return config
+
+
+DATABASES = {"default": _database(env_str("DATABASE_URL"))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                # A subscriber that stops reading must not grow Redis without bound:
+                # each channel holds at most `capacity` messages for `expiry` seconds.
+                "capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 500, minimum=10),
+                "expiry": env_int("TOOLHUB_CHANNEL_EXPIRY", 60, minimum=1),
+                "group_expiry": 86400,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 500, minimum=10)},
+        }
+    }
+
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "guardian.backends.ObjectPermissionBackend",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/admin/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.tenants.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "toolhub.api.exception_handler",
+    # ?format= selects the catalog's wire shape, not DRF's renderer.
+    "URL_FORMAT_OVERRIDE": None,
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "toolhub API",
+    "DESCRIPTION": "A governed tool-execution gateway for LLM agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()},
+}
+
+# Extra modules whose CONTRACTS are registered next to the built-in tools.
+TOOLHUB_TOOL_MODULES = [
+    "apps.tools.builtin.clock",
+    "apps.tools.builtin.planning",
+    *env_list("TOOLHUB_EXTRA_TOOL_MODULES"),
+]
+# Threads that run tool code; a tool that ignores its deadline keeps one busy.
+TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 32, minimum=1, maximum=1024)
+
+if not DEBUG:
+    SESSION_COOKIE_HTTPONLY = True
+    CSRF_COOKIE_SAMESITE = "Lax"
+    X_FRAME_OPTIONS = "DENY"
+    SECURE_CONTENT_TYPE_NOSNIFF = True
