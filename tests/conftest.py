@@ -1,0 +1,98 @@
+"""Shared fixtures: personas (a tenant's agent, a stranger tenant, staff), keys, tools."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from apps.policies.models import Policy
+from apps.tenants.models import ApiKey, Tenant
+from apps.tools.models import Tool
+from apps.tools.registry import registry
+from tests.support import tools as support_tools
+
+
+@dataclass
+class Agent:
+    """An API caller: a tenant, a principal, its key and a client that sends it."""
+
+    tenant: Tenant
+    principal: str
+    key: str
+    client: APIClient
+
+    def invoke(self, tool_id: str, **body: Any) -> Any:
+        return self.client.post("/api/v1/invocations/", {"toolId": tool_id, **body}, format="json")
+
+    def tools(self, **params: str) -> Any:
+        return self.client.get("/api/v1/tools/", params)
+
+
+def make_agent(slug: str, principal: str = "agent:test") -> Agent:
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": slug.title()})
+    _, raw = ApiKey.objects.issue(tenant, principal)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return Agent(tenant=tenant, principal=principal, key=raw, client=client)
+
+
+def allow(tenant: Tenant, *tool_ids: str, name: str = "allow") -> Policy:
+    policy, _ = Policy.objects.get_or_create(tenant=tenant, name=name)
+    policy.tools.add(*Tool.objects.filter(pk__in=tool_ids))
+    return policy
+
+
+CORE_TOOLS = [
+    "core__get_current_time",
+    "core__planning_setup_plan",
+    "core__planning_add_step",
+    "core__planning_update_step",
+    "core__planning_read_plan",
+]
+
+
+@pytest.fixture
+def agent(db: None) -> Agent:
+    """Tenant `acme`'s agent, with a policy allowing every built-in tool."""
+    agent = make_agent("acme")
+    allow(agent.tenant, *CORE_TOOLS)
+    return agent
+
+
+@pytest.fixture
+def stranger(db: None) -> Agent:
+    """Another tenant's agent, with its own policy allowing the same tools."""
+    other = make_agent("globex", "agent:other")
+    allow(other.tenant, *CORE_TOOLS)
+    return other
+
+
+@pytest.fixture
+def bare_agent(db: None) -> Agent:
+    """An agent of a tenant that has no policy at all."""
+    return make_agent("initech", "agent:lonely")
+
+
+@pytest.fixture
+def staff(db: None) -> User:
+    return User.objects.create_user("olivia", password="pw-olivia-123", is_staff=True)
+
+
+@pytest.fixture
+def test_tools(db: None) -> Iterator[list[str]]:
+    """Registers tests/support/tools.py's tools and syncs them into the catalog."""
+    ids = []
+    for contract in support_tools.CONTRACTS:
+        if registry.get(contract.id) is None:
+            registry.register(contract)
+        ids.append(contract.id)
+    Tool.objects.sync_registry(registry)
+    yield ids
+    for tool_id in ids:
+        registry.unregister(tool_id)
+    Tool.objects.sync_registry(registry)

@@ -1,0 +1,113 @@
+"""Tools that exist only for tests: they make the runner's edge cases happen on demand.
+
+Registered by the `test_tools` fixture in-process, and by a Daphne subprocess
+through TOOLHUB_EXTRA_TOOL_MODULES=tests.support.tools.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pydantic import Field
+
+from apps.tools.capabilities import Capabilities
+from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolError, ToolOutput, ToolParams
+
+BARRIER_PARTIES = 5
+_barrier = threading.Barrier(BARRIER_PARTIES)
+
+
+class NoParams(ToolParams):
+    pass
+
+
+class Echo(ToolParams):
+    text: str = Field(max_length=10000)
+    secret_note: str = ""
+
+
+class EchoOut(ToolOutput):
+    text: str
+    secret_note: str = ""
+
+
+class Sleep(ToolParams):
+    seconds: float = Field(ge=0, le=60)
+
+
+class Size(ToolParams):
+    size: int = Field(ge=0, le=10_000_000)
+
+
+class Waited(ToolOutput):
+    waited: int
+
+
+class Blob(ToolOutput):
+    blob: str
+
+
+def wait_for_peers(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    """Returns only once BARRIER_PARTIES calls are inside tools at the same time."""
+    try:
+        index = _barrier.wait(timeout=10)
+    except threading.BrokenBarrierError:
+        _barrier.reset()
+        raise ToolError("Not every concurrent call reached the barrier in time.") from None
+    return Waited(waited=index)
+
+
+def echo(params: Echo, ctx: ToolContext, caps: Capabilities) -> EchoOut:
+    return EchoOut(text=params.text, secret_note=params.secret_note)
+
+
+def sleep(params: Sleep, ctx: ToolContext, caps: Capabilities) -> Waited:
+    ctx.wait_cancelled(params.seconds)
+    return Waited(waited=int(params.seconds))
+
+
+def noop(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    return Waited(waited=0)
+
+
+def crash(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    raise RuntimeError("internal detail: password=hunter2 at /srv/app.py line 12")
+
+
+def refuse_politely(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    raise ToolError("The upstream service said no.")
+
+
+def wrong_output(params: NoParams, ctx: ToolContext, caps: Capabilities) -> dict[str, object]:
+    return {"waited": "not a number"}
+
+
+def big_output(params: Size, ctx: ToolContext, caps: Capabilities) -> Blob:
+    return Blob(blob="x" * params.size)
+
+
+def _test_tool(name: str, params: type[ToolParams], result: type[ToolOutput], execute: object, **kw: object) -> ToolContract:
+    return ToolContract(
+        name=name,
+        description=f"Test tool {name}.",
+        params=params,
+        result=result,
+        execute=execute,  # type: ignore[arg-type]
+        effect=kw.pop("effect", "read_only"),  # type: ignore[arg-type]
+        redaction=kw.pop("redaction", Redaction(result=tuple(result.model_fields), args=())),  # type: ignore[arg-type]
+        namespace="test",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+CONTRACTS = [
+    _test_tool("barrier", NoParams, Waited, wait_for_peers, timeout_s=20),
+    _test_tool("echo", Echo, EchoOut, echo, redaction=Redaction(result=("text",), args=("text",))),
+    _test_tool("sleep", Sleep, Waited, sleep, timeout_s=0.5),
+    _test_tool("crash", NoParams, Waited, crash),
+    _test_tool("refuse", NoParams, Waited, refuse_politely),
+    _test_tool("wrong_output", NoParams, Waited, wrong_output),
+    _test_tool("big_output", Size, Blob, big_output),
+    _test_tool("confirm", NoParams, Waited, noop, requires_confirmation=True, effect="external_side_effect"),
+]
