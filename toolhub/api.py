@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from pydantic import BaseModel, ValidationError
 from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView, exception_handler as drf_exception_handler
+from rest_framework.views import APIView
+from rest_framework.views import exception_handler as drf_exception_handler
 
 from apps.tenants.callers import ApiPrincipal, Caller, NoTenant
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class BadRequest(exceptions.APIException):
@@ -40,7 +39,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
-def parse_body(request: Request, model: type[M]) -> M:
+def parse_body[M: BaseModel](request: Request, model: type[M]) -> M:
     """Validate a JSON object body with a pydantic model; 400 with field errors otherwise."""
     data = request.data
     if not isinstance(data, dict):

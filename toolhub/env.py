@@ -28,10 +28,14 @@ def env_bool(name: str, default: bool = False) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ImproperlyConfigured(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {raw!r}")
+    raise ImproperlyConfigured(
+        f"{name} must be one of 1/0, true/false, yes/no, on/off; got {raw!r}"
+    )
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -65,7 +69,11 @@ def env_secret(name: str, *, debug: bool, dev_default: str, min_length: int = 32
     value = os.environ.get(name, "").strip()
     if debug and not value:
         return dev_default
-    if value.lower() in INSECURE_SECRET_KEYS or value.startswith("django-insecure") or value == dev_default:
+    if (
+        value.lower() in INSECURE_SECRET_KEYS
+        or value.startswith("django-insecure")
+        or value == dev_default
+    ):
         raise ImproperlyConfigured(
             f"{name} is missing or a known default; set it to a random value of "
             f"{min_length}+ characters (or set TOOLHUB_DEBUG=1 for local development)"

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -8,7 +8,7 @@ from toolhub import health
 handler404 = "toolhub.api.json_not_found"
 handler500 = "toolhub.api.json_server_error"
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.tools.api.urls")),
     path("", include("apps.invocations.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -29,7 +29,9 @@ class Connection(models.Model):
 
     class Meta:
         ordering = ["tenant__slug", "name"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="unique_connection_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_connection_name")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"

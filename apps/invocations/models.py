@@ -42,13 +42,16 @@ class InvocationRecord(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invocations")
-    tool = models.ForeignKey(Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    tool = models.ForeignKey(
+        Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     tool_ref = models.CharField(max_length=200, help_text="The tool id as requested.")
     tool_call_id = models.CharField(max_length=128)
     run_id = models.CharField(max_length=128)
     principal = models.CharField(max_length=160)
     connection_id = models.CharField(max_length=64, blank=True)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", for "no key": the unique constraint below must ignore keyless calls.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     request_hash = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices)
     ok = models.BooleanField(null=True)

@@ -11,7 +11,9 @@ MAX_TOOL_CALL_ID = 128
 MAX_ARGS_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 32 * 1024
 
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")
+]
 
 
 class InvocationRequest(BaseModel):
@@ -29,7 +31,9 @@ class InvocationRequest(BaseModel):
     tool_id: str = Field(min_length=1, max_length=200)
     args: dict[str, Any] | None = None
     arguments: str | None = Field(default=None, max_length=1024 * 1024)
-    tool_call_id: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOOL_CALL_ID)] | None = None
+    tool_call_id: (
+        Annotated[str, StringConstraints(min_length=1, max_length=MAX_TOOL_CALL_ID)] | None
+    ) = None
     run_id: Identifier | None = None
     connection_id: str | None = Field(default=None, max_length=64)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)

@@ -192,7 +192,9 @@ def check_connection(call: Call) -> None:
         return  # a connectionId sent to a tool that takes none is not passed on
     connection_id = call.request.connection_id
     if not connection_id:
-        raise Refusal(ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given.")
+        raise Refusal(
+            ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given."
+        )
     try:
         uuid.UUID(connection_id)
     except ValueError:
@@ -239,13 +241,16 @@ def find_replay(call: Call) -> InvocationRecord | None:
     key = call.request.idempotency_key
     if key is None:
         return None
-    existing = InvocationRecord.objects.filter(tenant=call.caller.tenant, idempotency_key=key).first()
+    existing = InvocationRecord.objects.filter(
+        tenant=call.caller.tenant, idempotency_key=key
+    ).first()
     if existing is None:
         return None
     if existing.request_hash != call.request_hash:
         raise Refusal(
             ErrorCode.VALIDATION,
-            "This idempotencyKey was already used for a different call (tool, arguments or connection).",
+            "This idempotencyKey was already used for a different call "
+            "(tool, arguments or connection).",
         )
     return existing
 
@@ -318,7 +323,9 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         return future.result(timeout=call.timeout_s)
     except FutureTimeout:
         call.context._cancel.set()
-        raise Refusal(ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s.") from None
+        raise Refusal(
+            ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s."
+        ) from None
     except ToolError as exc:
         raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
     except Exception as exc:
@@ -345,9 +352,12 @@ def validate_output(call: Call, output: Any) -> dict[str, Any]:
         validated = output if isinstance(output, model) else model.model_validate(output)
     except ValidationError:
         raise Refusal(
-            ErrorCode.OUTPUT_INVALID, "The tool returned a result that does not match its declared output."
+            ErrorCode.OUTPUT_INVALID,
+            "The tool returned a result that does not match its declared output.",
         ) from None
-    data: dict[str, Any] = validated.model_dump(mode="json") if isinstance(validated, BaseModel) else {}
+    data: dict[str, Any] = (
+        validated.model_dump(mode="json") if isinstance(validated, BaseModel) else {}
+    )
     size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_RESULT_BYTES:
         raise Refusal(
@@ -415,7 +425,11 @@ def _finish(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
     record.save()
-    outcome: dict[str, Any] = {"ok": ok, "durationMs": record.duration_ms, "invocationId": str(record.pk)}
+    outcome: dict[str, Any] = {
+        "ok": ok,
+        "durationMs": record.duration_ms,
+        "invocationId": str(record.pk),
+    }
     if ok:
         outcome["result"] = result
     else:

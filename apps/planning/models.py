@@ -29,7 +29,9 @@ class Plan(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="one_plan_per_run")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "run_id"], name="one_plan_per_run")
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}: {self.objective[:40]}"

@@ -17,7 +17,9 @@ class DatabasePlanStore:
         self.run_id = run_id
 
     def _locked_plan(self) -> Plan:
-        plan = Plan.objects.select_for_update().filter(tenant=self.tenant, run_id=self.run_id).first()
+        plan = (
+            Plan.objects.select_for_update().filter(tenant=self.tenant, run_id=self.run_id).first()
+        )
         if plan is None:
             raise ToolError("This run has no plan yet; create one with core__planning_setup_plan.")
         return plan

@@ -32,7 +32,9 @@ class Policy(models.Model):
     class Meta:
         verbose_name_plural = "policies"
         ordering = ["tenant__slug", "name"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="unique_policy_name")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_policy_name")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"

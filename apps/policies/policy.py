@@ -31,7 +31,9 @@ class Decision:
 
 
 def _allowed_by(policy: Policy) -> Decision:
-    return Decision("allow", f"policy:{policy.pk}:{policy.name}", f"Allowed by policy {policy.name!r}.")
+    return Decision(
+        "allow", f"policy:{policy.pk}:{policy.name}", f"Allowed by policy {policy.name!r}."
+    )
 
 
 def decide(tenant: Tenant, principal: str, tool: Tool) -> Decision:

@@ -18,7 +18,15 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
-    list_display = ("display_prefix", "principal", "tenant", "name", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "display_prefix",
+        "principal",
+        "tenant",
+        "name",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = ("tenant", "revoked_at")
     search_fields = ("principal", "name", "prefix")
     readonly_fields = ("display_prefix", "created_at", "last_used_at")

@@ -20,7 +20,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if parts[0].lower() != self.keyword.lower():
             return None
         if len(parts) != 2:
-            raise exceptions.AuthenticationFailed("Malformed Authorization header: use 'Bearer <key>'.")
+            raise exceptions.AuthenticationFailed(
+                "Malformed Authorization header: use 'Bearer <key>'."
+            )
         key = ApiKey.objects.for_raw_key(parts[1])
         if key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")

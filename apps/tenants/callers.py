@@ -33,7 +33,9 @@ class Caller:
         With several tenants the request must name one (X-Toolhub-Tenant), so a
         call never lands in a tenant by accident.
         """
-        tenants = Tenant.objects.all() if getattr(user, "is_superuser", False) else user.tenants.all()  # type: ignore[attr-defined]
+        tenants = Tenant.objects.all()
+        if not getattr(user, "is_superuser", False):
+            tenants = tenants.filter(members=user.pk)
         if tenant_slug:
             tenant = tenants.filter(slug=tenant_slug).first()
             if tenant is None:

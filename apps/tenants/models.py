@@ -69,7 +69,9 @@ class ApiKeyManager(models.Manager["ApiKey"]):
         if not raw.startswith(KEY_PREFIX) or raw.count("_") < 2 or len(raw) > 200:
             return None
         prefix = raw[len(KEY_PREFIX) :].split("_", 1)[0]
-        candidate = self.get_queryset().active().select_related("tenant").filter(prefix=prefix).first()
+        candidate = (
+            self.get_queryset().active().select_related("tenant").filter(prefix=prefix).first()
+        )
         if candidate is None or not secrets.compare_digest(candidate.key_hash, _hash_key(raw)):
             return None
         return candidate
@@ -96,7 +98,9 @@ class ApiKey(models.Model):
         verbose_name = "API key"
 
     def __str__(self) -> str:
-        return f"{KEY_PREFIX}{self.prefix}… ({self.principal} @ {self.tenant_id and self.tenant.slug})"
+        return (
+            f"{KEY_PREFIX}{self.prefix}… ({self.principal} @ {self.tenant_id and self.tenant.slug})"
+        )
 
     @property
     def display_prefix(self) -> str:

@@ -8,7 +8,15 @@ from apps.tools.models import Tool
 
 @admin.register(Tool)
 class ToolAdmin(GuardedModelAdmin):
-    list_display = ("id", "effect", "consequence_level", "requires_confirmation", "source", "available", "enabled")
+    list_display = (
+        "id",
+        "effect",
+        "consequence_level",
+        "requires_confirmation",
+        "source",
+        "available",
+        "enabled",
+    )
     list_editable = ("enabled",)
     list_filter = ("enabled", "effect", "consequence_level", "source", "available")
     search_fields = ("id", "description")

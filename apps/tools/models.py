@@ -49,13 +49,16 @@ class ToolManager(models.Manager["Tool"]):
             existing = self.filter(pk=registered.id).first()
             if existing is not None and existing.source != Source.CORE:
                 raise ToolRegistrationError(
-                    f"tool id collision: {registered.id} already belongs to a {existing.source} tool"
+                    f"tool id collision: {registered.id} already belongs to "
+                    f"a {existing.source} tool"
                 )
             tool = existing or Tool(id=registered.id, enabled=True)
             tool.apply_contract(registered)
             tool.save()
             synced.append(tool)
-        gone = self.filter(source=Source.CORE, available=True).exclude(pk__in=[t.pk for t in synced])
+        gone = self.filter(source=Source.CORE, available=True).exclude(
+            pk__in=[t.pk for t in synced]
+        )
         gone.update(available=False)
         return synced
 
@@ -83,7 +86,9 @@ class Tool(models.Model):
         default=False, help_text="Disabled tools are refused and never listed, whatever the policy."
     )
     available = models.BooleanField(
-        default=True, editable=False, help_text="False when the code or server no longer provides it."
+        default=True,
+        editable=False,
+        help_text="False when the code or server no longer provides it.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

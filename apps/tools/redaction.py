@@ -61,7 +61,7 @@ def shape_of(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {str(key)[:64]: shape_of(item, depth + 1) for key, item in list(value.items())[:50]}
     if isinstance(value, list):
-        return [shape_of(value[0], depth + 1), f"×{len(value)}"] if value else []
+        return [shape_of(value[0], depth + 1), f"x{len(value)}"] if value else []
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int | float):

@@ -107,7 +107,9 @@ def _walk(node: Any, path: str, reserved: bool = True) -> None:
         return
     bad = FORBIDDEN_KEYWORDS.intersection(node)
     if bad:
-        raise SchemaError(f"{path} uses {', '.join(sorted(bad))}, outside the supported schema subset")
+        raise SchemaError(
+            f"{path} uses {', '.join(sorted(bad))}, outside the supported schema subset"
+        )
     properties = node.get("properties")
     if isinstance(properties, dict):
         clash = RESERVED_PROPERTIES.intersection(properties) if reserved else set()

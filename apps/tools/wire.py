@@ -29,7 +29,11 @@ def tool_spec(tool: Tool, decision: Decision) -> dict[str, Any]:
 def openai_tool(tool: Tool) -> dict[str, Any]:
     return {
         "type": "function",
-        "function": {"name": tool.id, "description": tool.description, "parameters": tool.input_schema},
+        "function": {
+            "name": tool.id,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+        },
     }
 
 

@@ -7,12 +7,18 @@ through TOOLHUB_EXTRA_TOOL_MODULES=tests.support.tools.
 from __future__ import annotations
 
 import threading
-import time
 
 from pydantic import Field
 
 from apps.tools.capabilities import Capabilities
-from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolError, ToolOutput, ToolParams
+from apps.tools.contracts import (
+    Redaction,
+    ToolContext,
+    ToolContract,
+    ToolError,
+    ToolOutput,
+    ToolParams,
+)
 
 BARRIER_PARTIES = 5
 _barrier = threading.Barrier(BARRIER_PARTIES)
@@ -87,7 +93,9 @@ def big_output(params: Size, ctx: ToolContext, caps: Capabilities) -> Blob:
     return Blob(blob="x" * params.size)
 
 
-def _test_tool(name: str, params: type[ToolParams], result: type[ToolOutput], execute: object, **kw: object) -> ToolContract:
+def _test_tool(
+    name: str, params: type[ToolParams], result: type[ToolOutput], execute: object, **kw: object
+) -> ToolContract:
     return ToolContract(
         name=name,
         description=f"Test tool {name}.",
@@ -109,5 +117,7 @@ CONTRACTS = [
     _test_tool("refuse", NoParams, Waited, refuse_politely),
     _test_tool("wrong_output", NoParams, Waited, wrong_output),
     _test_tool("big_output", Size, Blob, big_output),
-    _test_tool("confirm", NoParams, Waited, noop, requires_confirmation=True, effect="external_side_effect"),
+    _test_tool(
+        "confirm", NoParams, Waited, noop, requires_confirmation=True, effect="external_side_effect"
+    ),
 ]

@@ -17,7 +17,9 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
     status = serializers.ChoiceField(choices=Status.choices)
     ok = serializers.BooleanField(allow_null=True, required=False)
     result = serializers.JSONField(required=False, allow_null=True)
-    errorCode = serializers.ChoiceField(source="error_code", choices=ErrorCode.choices, required=False)
+    errorCode = serializers.ChoiceField(
+        source="error_code", choices=ErrorCode.choices, required=False
+    )
     safeMessage = serializers.CharField(source="safe_message", required=False)
     args = serializers.JSONField(required=False, allow_null=True, help_text="Redacted arguments")
     principal = serializers.CharField()
@@ -29,7 +31,15 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
     endedAt = serializers.DateTimeField(source="ended_at", required=False, allow_null=True)
     durationMs = serializers.IntegerField(source="duration_ms", required=False, allow_null=True)
 
-    OPTIONAL = ("ok", "result", "errorCode", "safeMessage", "connectionId", "idempotencyKey", "policyRule")
+    OPTIONAL = (
+        "ok",
+        "result",
+        "errorCode",
+        "safeMessage",
+        "connectionId",
+        "idempotencyKey",
+        "policyRule",
+    )
 
     class Meta:
         model = InvocationRecord

@@ -41,7 +41,11 @@ class InvocationListView(CallerView):
     def post(self, request: Request) -> Response:
         invocation = parse_body(request, InvocationRequest)
         record = runner.invoke(self.caller(request), invocation)
-        code = status.HTTP_202_ACCEPTED if record.status == Status.PENDING_APPROVAL else status.HTTP_200_OK
+        code = (
+            status.HTTP_202_ACCEPTED
+            if record.status == Status.PENDING_APPROVAL
+            else status.HTTP_200_OK
+        )
         return Response(InvocationSerializer(record).data, status=code)
 
     @extend_schema(
@@ -59,7 +63,8 @@ class InvocationListView(CallerView):
         params = request.query_params
         if "status" in params and params["status"] not in Status.values:
             raise BadRequest(
-                "Unknown status.", [{"field": "status", "message": f"use one of {', '.join(Status.values)}"}]
+                "Unknown status.",
+                [{"field": "status", "message": f"use one of {', '.join(Status.values)}"}],
             )
         for param, field in (("runId", "run_id"), ("status", "status"), ("toolId", "tool_ref")):
             if param in params:

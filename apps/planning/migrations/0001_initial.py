@@ -5,46 +5,89 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Plan',
+            name="Plan",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('run_id', models.CharField(max_length=128)),
-                ('objective', models.CharField(max_length=500)),
-                ('status', models.CharField(choices=[('active', 'Active'), ('completed', 'Completed')], default='active', max_length=16)),
-                ('last_step_id', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='plans', to='tenants.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("run_id", models.CharField(max_length=128)),
+                ("objective", models.CharField(max_length=500)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("active", "Active"), ("completed", "Completed")],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("last_step_id", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="plans",
+                        to="tenants.tenant",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='PlanStep',
+            name="PlanStep",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('step_id', models.PositiveIntegerField()),
-                ('title', models.CharField(max_length=500)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('in_progress', 'In Progress'), ('done', 'Done')], default='pending', max_length=16)),
-                ('plan', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='planning.plan')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("step_id", models.PositiveIntegerField()),
+                ("title", models.CharField(max_length=500)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("in_progress", "In Progress"),
+                            ("done", "Done"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "plan",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="steps",
+                        to="planning.plan",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['step_id'],
+                "ordering": ["step_id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='plan',
-            constraint=models.UniqueConstraint(fields=('tenant', 'run_id'), name='one_plan_per_run'),
+            model_name="plan",
+            constraint=models.UniqueConstraint(
+                fields=("tenant", "run_id"), name="one_plan_per_run"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='planstep',
-            constraint=models.UniqueConstraint(fields=('plan', 'step_id'), name='unique_step_id'),
+            model_name="planstep",
+            constraint=models.UniqueConstraint(fields=("plan", "step_id"), name="unique_step_id"),
         ),
     ]

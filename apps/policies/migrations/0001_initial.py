@@ -5,31 +5,52 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
-        ('tools', '0001_initial'),
+        ("tenants", "0001_initial"),
+        ("tools", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Policy',
+            name="Policy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('description', models.TextField(blank=True)),
-                ('enabled', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='policies', to='tenants.tenant')),
-                ('tools', models.ManyToManyField(blank=True, help_text='Explicit allowlist. A disabled tool stays refused even when listed here.', related_name='policies', to='tools.tool')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                ("description", models.TextField(blank=True)),
+                ("enabled", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="policies",
+                        to="tenants.tenant",
+                    ),
+                ),
+                (
+                    "tools",
+                    models.ManyToManyField(
+                        blank=True,
+                        help_text="Explicit allowlist. A disabled tool stays refused even when listed here.",
+                        related_name="policies",
+                        to="tools.tool",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'policies',
-                'ordering': ['tenant__slug', 'name'],
-                'constraints': [models.UniqueConstraint(fields=('tenant', 'name'), name='unique_policy_name')],
+                "verbose_name_plural": "policies",
+                "ordering": ["tenant__slug", "name"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("tenant", "name"), name="unique_policy_name")
+                ],
             },
         ),
     ]

@@ -37,7 +37,8 @@ class ToolCatalogView(CallerView):
         wire_format = request.query_params.get("format", "")
         if wire_format not in FORMATS:
             raise BadRequest(
-                "Unknown format.", [{"field": "format", "message": "use toolhub, openai or anthropic"}]
+                "Unknown format.",
+                [{"field": "format", "message": "use toolhub, openai or anthropic"}],
             )
         caller = self.caller(request)
         allowed = allowed_tools(caller.tenant, caller.principal)

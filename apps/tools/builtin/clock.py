@@ -7,7 +7,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from pydantic import Field
 
 from apps.tools.capabilities import Capabilities
-from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolError, ToolOutput, ToolParams
+from apps.tools.contracts import (
+    Redaction,
+    ToolContext,
+    ToolContract,
+    ToolError,
+    ToolOutput,
+    ToolParams,
+)
 
 
 class GetCurrentTimeParams(ToolParams):
@@ -24,7 +31,9 @@ class CurrentTime(ToolOutput):
     unix: float = Field(description="Seconds since the Unix epoch")
 
 
-def get_current_time(params: GetCurrentTimeParams, ctx: ToolContext, caps: Capabilities) -> CurrentTime:
+def get_current_time(
+    params: GetCurrentTimeParams, ctx: ToolContext, caps: Capabilities
+) -> CurrentTime:
     name = params.timezone or "UTC"
     # ZoneInfo would also accept file-system paths; only real zone names are valid here.
     if name not in available_timezones() and name != "UTC":

@@ -76,7 +76,9 @@ _REDACTION = Redaction(
 )
 
 
-def _contract(name: str, description: str, params: type[ToolParams], execute: Any, **extra: Any) -> ToolContract:
+def _contract(
+    name: str, description: str, params: type[ToolParams], execute: Any, **extra: Any
+) -> ToolContract:
     return ToolContract(
         name=f"planning_{name}",
         description=description,

@@ -4,40 +4,89 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Tool',
+            name="Tool",
             fields=[
-                ('id', models.CharField(max_length=140, primary_key=True, serialize=False)),
-                ('name', models.CharField(max_length=64)),
-                ('description', models.CharField(max_length=200)),
-                ('input_schema', models.JSONField()),
-                ('output_schema', models.JSONField(default=dict)),
-                ('schema_hash', models.CharField(max_length=16)),
-                ('effect', models.CharField(choices=[('read_only', 'read only'), ('state_change', 'state change'), ('external_side_effect', 'external side effect')], max_length=24)),
-                ('consequence_level', models.CharField(choices=[('low', 'Low'), ('medium', 'Medium'), ('high', 'High')], max_length=8)),
-                ('requires_confirmation', models.BooleanField(default=False, help_text='Every call waits for a human, whatever the policy says.')),
-                ('requires_connection', models.BooleanField(default=False)),
-                ('timeout_ms', models.PositiveIntegerField(default=15000)),
-                ('redaction_result', models.JSONField(default=list, help_text='Result fields kept in records.')),
-                ('redaction_args', models.JSONField(default=list, help_text='Argument fields kept in records.')),
-                ('tags', models.JSONField(blank=True, default=list)),
-                ('version', models.CharField(default='1', max_length=32)),
-                ('source', models.CharField(choices=[('core', 'built in'), ('mcp', 'MCP server')], default='core', max_length=8)),
-                ('enabled', models.BooleanField(default=False, help_text='Disabled tools are refused and never listed, whatever the policy.')),
-                ('available', models.BooleanField(default=True, editable=False, help_text='False when the code or server no longer provides it.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.CharField(max_length=140, primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=64)),
+                ("description", models.CharField(max_length=200)),
+                ("input_schema", models.JSONField()),
+                ("output_schema", models.JSONField(default=dict)),
+                ("schema_hash", models.CharField(max_length=16)),
+                (
+                    "effect",
+                    models.CharField(
+                        choices=[
+                            ("read_only", "read only"),
+                            ("state_change", "state change"),
+                            ("external_side_effect", "external side effect"),
+                        ],
+                        max_length=24,
+                    ),
+                ),
+                (
+                    "consequence_level",
+                    models.CharField(
+                        choices=[("low", "Low"), ("medium", "Medium"), ("high", "High")],
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "requires_confirmation",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Every call waits for a human, whatever the policy says.",
+                    ),
+                ),
+                ("requires_connection", models.BooleanField(default=False)),
+                ("timeout_ms", models.PositiveIntegerField(default=15000)),
+                (
+                    "redaction_result",
+                    models.JSONField(default=list, help_text="Result fields kept in records."),
+                ),
+                (
+                    "redaction_args",
+                    models.JSONField(default=list, help_text="Argument fields kept in records."),
+                ),
+                ("tags", models.JSONField(blank=True, default=list)),
+                ("version", models.CharField(default="1", max_length=32)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[("core", "built in"), ("mcp", "MCP server")],
+                        default="core",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "enabled",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Disabled tools are refused and never listed, whatever the policy.",
+                    ),
+                ),
+                (
+                    "available",
+                    models.BooleanField(
+                        default=True,
+                        editable=False,
+                        help_text="False when the code or server no longer provides it.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['id'],
-                'permissions': [('execute_tool', 'Can execute this tool'), ('decide_approval', "Can decide approvals of this tool's calls")],
+                "ordering": ["id"],
+                "permissions": [
+                    ("execute_tool", "Can execute this tool"),
+                    ("decide_approval", "Can decide approvals of this tool's calls"),
+                ],
             },
         ),
     ]

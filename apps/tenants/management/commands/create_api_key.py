@@ -9,7 +9,9 @@ from apps.tenants.models import ApiKey, Tenant
 
 
 class Command(BaseCommand):
-    help = "Create an API key for a tenant's principal; the key is printed once, alone on the last line."
+    help = (
+        "Create an API key for a tenant's principal; prints the key once, alone on the last line."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", required=True, help="tenant slug")

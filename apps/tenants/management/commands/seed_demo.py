@@ -4,17 +4,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractUser, Permission
+from django.contrib.auth.models import Permission, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from guardian.shortcuts import assign_perm
 
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Tenant
-from apps.tools.models import Tool, Source
+from apps.tools.models import Source, Tool
 
 DEMO_PRINCIPAL = "agent:demo"
+EXAMPLE_CALL = '{"toolId": "core__get_current_time", "args": {"timezone": "Europe/Paris"}}'
 
 
 class Command(BaseCommand):
@@ -60,22 +60,22 @@ class Command(BaseCommand):
                     f"    {key}",
                     "  try:",
                     f"    curl -H 'Authorization: Bearer {key}' {base}/api/v1/tools/",
-                    f"    curl -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
-                    f"         -d '{{\"toolId\": \"core__get_current_time\", \"args\": {{\"timezone\": \"Europe/Paris\"}}}}' \\",
+                    f"    curl -H 'Authorization: Bearer {key}' \\",
+                    "         -H 'Content-Type: application/json' \\",
+                    f"         -d '{EXAMPLE_CALL}' \\",
                     f"         {base}/api/v1/invocations/",
                     "",
                 ]
             )
         )
 
-    def _user(self, username: str, *, superuser: bool) -> AbstractUser:
-        User = get_user_model()
+    def _user(self, username: str, *, superuser: bool) -> User:
         user = User.objects.filter(username=username).first()
         if user is None:
             # Fixed demo passwords: this command only ever runs for the embedded demo.
             create = User.objects.create_superuser if superuser else User.objects.create_user
-            user = create(username=username, password=username, is_staff=True)  # type: ignore[operator]
-        return user  # type: ignore[return-value]
+            user = create(username=username, password=username, is_staff=True)
+        return user
 
     def _demo_key(self, tenant: Tenant, key_file: Path | None) -> str:
         """Reuse the key kept in the key file while it still works; else issue a new one."""

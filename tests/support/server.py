@@ -1,0 +1,87 @@
+"""A real Daphne process serving toolhub against the test database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the database the tests are using right now."""
+    db: dict[str, Any] = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = quote(db.get("USER") or "", safe="")
+    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
+    host = db.get("HOST") or ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@{port}/{db['NAME']}?host={quote(host, safe='')}"
+    return f"postgresql://{user}{password}@{host}{port}/{db['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def daphne(extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """Start Daphne on a free port; yields its base URL and stops it afterwards."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "TOOLHUB_EXTRA_TOOL_MODULES": "tests.support.tools",
+        "TOOLHUB_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "TOOLHUB_SECRET_KEY": os.environ.get("TOOLHUB_SECRET_KEY") or "x" * 50,
+        **(extra_env or {}),
+    }
+    daphne_bin = Path(sys.executable).with_name("daphne")
+    process = subprocess.Popen(
+        [str(daphne_bin), "-b", "127.0.0.1", "-p", str(port), "toolhub.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(base, process)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until_up(base: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout else ""
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{output}")
+        try:
+            with urllib.request.urlopen(f"{base}/healthz", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("daphne did not come up within 30 s")
