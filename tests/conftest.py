@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from guardian.shortcuts import assign_perm
 from rest_framework.test import APIClient
 
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.support import tools as support_tools
@@ -42,8 +44,13 @@ def make_agent(slug: str, principal: str = "agent:test") -> Agent:
 
 
 def allow(tenant: Tenant, *tool_ids: str, name: str = "allow") -> Policy:
+    """A policy listing the tools, and `execute_tool` on them for the tenant's agents."""
     policy, _ = Policy.objects.get_or_create(tenant=tenant, name=name)
-    policy.tools.add(*Tool.objects.filter(pk__in=tool_ids))
+    tools = list(Tool.objects.filter(pk__in=tool_ids))
+    policy.tools.add(*tools)
+    group = agents_group(tenant)
+    for tool in tools:
+        assign_perm("tools.execute_tool", group, tool)
     return policy
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 import dj_database_url
@@ -22,6 +24,18 @@ SECRET_KEY = env_secret(
     debug=DEBUG,
     dev_default="debug-only-secret-key-not-for-any-deployment-000000",
 )
+# Fernet keys for connection secrets, newest first (see apps/connections/crypto.py).
+# Debug mode derives a throwaway key so a developer's shell needs no setup.
+TOOLHUB_ENCRYPTION_KEYS = env_list("TOOLHUB_ENCRYPTION_KEY") or (
+    [base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()]
+    if DEBUG
+    else []
+)
+if not TOOLHUB_ENCRYPTION_KEYS:
+    raise ImproperlyConfigured(
+        "TOOLHUB_ENCRYPTION_KEY is required outside debug mode: one or more comma-separated "
+        "Fernet keys (first encrypts, all decrypt)"
+    )
 ALLOWED_HOSTS = env_list("TOOLHUB_ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("TOOLHUB_CSRF_TRUSTED_ORIGINS")
 
@@ -161,7 +175,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["toolhub.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "toolhub.api.exception_handler",
     # ?format= selects the catalog's wire shape, not DRF's renderer.
@@ -178,6 +192,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # 3.1: its schema dialect is JSON Schema 2020-12, which pydantic models emit
+    # (`anyOf [T, {"type": "null"}]` is invalid OpenAPI 3.0).
+    "OAS_VERSION": "3.1.0",
 }
 
 LOGGING = {
@@ -188,10 +205,33 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()},
 }
 
+# Mail (core__send_email, approval notifications): console unless SMTP is configured.
+_SMTP_HOST = env_str("TOOLHUB_SMTP_HOST")
+MAILERS = {
+    "default": (
+        {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": _SMTP_HOST,
+                "port": env_int("TOOLHUB_SMTP_PORT", 587, minimum=1, maximum=65535),
+                "username": env_str("TOOLHUB_SMTP_USER"),
+                "password": env_str("TOOLHUB_SMTP_PASSWORD"),
+                "use_tls": env_bool("TOOLHUB_SMTP_STARTTLS", default=True),
+                "timeout": 15,
+            },
+        }
+        if _SMTP_HOST
+        else {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    )
+}
+DEFAULT_FROM_EMAIL = env_str("TOOLHUB_FROM_EMAIL", "toolhub@localhost")
+
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",
     "apps.tools.builtin.planning",
+    "apps.tools.builtin.http",
+    "apps.tools.builtin.email",
     *env_list("TOOLHUB_EXTRA_TOOL_MODULES"),
 ]
 # Threads that run tool code; a tool that ignores its deadline keeps one busy.

@@ -1,22 +1,45 @@
-"""Connections: tenant-owned external credentials, referenced by opaque id only.
+"""Connections and grants: external credentials, referenced by opaque id only.
 
-Tools never see a credential; they get the connection's id in their context
-(CONNECTION_ID_ONLY), and the runner checks the id belongs to the caller's tenant
-before anything else happens with it.
+A connection's secret is encrypted at rest and decrypted only inside the broker
+when a capability is built for a call (CONNECTION_ID_ONLY, NO_SECRETS_IN_CONTEXT).
+A grant says which principal, or which run, may use which connection; the runner
+uses grant ∩ request (GRANT_INTERSECTION_REQUIRED).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
+from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
 
-from apps.tenants.models import Tenant
+from apps.connections import crypto
+from apps.tenants.models import Tenant, validate_principal
+
+HOST_PATTERN_RE = re.compile(r"^(\*\.)?([A-Za-z0-9-]+\.)*[A-Za-z0-9-]+$|^\[[0-9a-fA-F:]+\]$")
+SECRET_FIELDS: dict[str, tuple[str, ...]] = {
+    "api_key": ("header_name", "value"),
+    "bearer": ("token",),
+    "basic": ("username", "password"),
+    "oauth": ("access_token", "refresh_token"),
+}
+
+
+def validate_host_pattern(value: Any) -> None:
+    if not isinstance(value, list) or not all(isinstance(h, str) and h for h in value):
+        raise ValidationError('Allowed hosts is a list of host names, e.g. ["api.github.com"].')
+    for host in value:
+        if not HOST_PATTERN_RE.match(host):
+            raise ValidationError(f"{host!r} is not a host name (no scheme, path or port).")
 
 
 class Connection(models.Model):
     class Kind(models.TextChoices):
-        API_KEY = "api_key", "API key"
+        API_KEY = "api_key", "API key (in a header)"
         BEARER = "bearer", "bearer token"
         BASIC = "basic", "basic auth"
         OAUTH = "oauth", "OAuth access/refresh pair"
@@ -25,13 +48,96 @@ class Connection(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="connections")
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices)
+    secret_encrypted = models.TextField(editable=False, default="")
+    allowed_hosts = models.JSONField(
+        default=list,
+        validators=[validate_host_pattern],
+        help_text='Hosts the credential may be sent to, e.g. ["api.example.com", "*.example.org"].',
+    )
+    allow_private_network = models.BooleanField(
+        default=False,
+        help_text="Allow private and loopback addresses (never link-local or cloud metadata).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["tenant__slug", "name"]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="unique_connection_name")
         ]
+        permissions = [("use_connection", "Can use this connection in tool calls")]
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
+
+    def set_secret(self, **fields: str) -> None:
+        expected = SECRET_FIELDS[self.kind]
+        required = ("access_token",) if self.kind == self.Kind.OAUTH else expected
+        missing = [name for name in required if not fields.get(name)]
+        if missing:
+            raise ValidationError(f"A {self.get_kind_display()} needs {', '.join(missing)}.")
+        self.secret_encrypted = crypto.encrypt({k: fields[k] for k in expected if fields.get(k)})
+
+    def read_secret(self) -> dict[str, str]:
+        """Only the broker calls this, while building a capability."""
+        return crypto.decrypt(self.secret_encrypted) if self.secret_encrypted else {}
+
+    @property
+    def has_secret(self) -> bool:
+        return bool(self.secret_encrypted)
+
+
+class GrantQuerySet(models.QuerySet["Grant"]):
+    def active(self) -> GrantQuerySet:
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+        )
+
+    def usable_by(self, tenant: Tenant, principal: str, run_id: str) -> GrantQuerySet:
+        """Grants that let this principal, or this run, use a connection now."""
+        return (
+            self.active()
+            .filter(tenant=tenant)
+            .filter(Q(principal=principal) | Q(principal="", run_id=run_id))
+            .filter(Q(run_id="") | Q(run_id=run_id))
+        )
+
+
+class Grant(models.Model):
+    """Lets a principal (optionally within one run only), or anyone in a run, use a connection."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="grants")
+    connection = models.ForeignKey(Connection, on_delete=models.CASCADE, related_name="grants")
+    principal = models.CharField(
+        max_length=160,
+        blank=True,
+        help_text="e.g. agent:support-bot; blank with a run id: anyone in that run.",
+    )
+    run_id = models.CharField(max_length=128, blank=True, help_text="Limit the grant to one run.")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = GrantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        who = self.principal or "anyone"
+        scope = f" in run {self.run_id}" if self.run_id else ""
+        return f"{who} may use {self.connection}{scope}"
+
+    def clean(self) -> None:
+        if not self.principal and not self.run_id:
+            raise ValidationError("A grant names a principal, a run, or both.")
+        if self.principal:
+            validate_principal(self.principal)
+        if self.connection_id and self.tenant_id and self.connection.tenant_id != self.tenant_id:
+            raise ValidationError("The connection belongs to another tenant.")
+
+    def revoke(self) -> None:
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])

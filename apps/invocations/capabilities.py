@@ -10,6 +10,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.mail import EmailMessage
+
+from apps.connections import broker
 from apps.planning.store import DatabasePlanStore
 from apps.tenants.models import Tenant
 from apps.tools.capabilities import Capabilities
@@ -21,11 +24,20 @@ class SystemClock:
         return datetime.now(UTC)
 
 
+class DjangoMailer:
+    """Mail through Django's framework: console in the demo, SMTP by environment."""
+
+    def send(self, to: list[str], subject: str, body: str) -> int:
+        return EmailMessage(subject=subject, body=body, to=to).send()
+
+
 Provider = Callable[[Tenant, ToolContext], Any]
 
 PROVIDERS: dict[str, Provider] = {
     "clock": lambda tenant, ctx: SystemClock(),
     "plans": lambda tenant, ctx: DatabasePlanStore(tenant, ctx.run_id),
+    "http": lambda tenant, ctx: broker.http_client(tenant, ctx.connection_id),
+    "mail": lambda tenant, ctx: DjangoMailer(),
 }
 
 

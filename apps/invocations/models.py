@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.db import models
 from django.db.models import F
+from django.utils import timezone
 
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
@@ -37,6 +39,17 @@ class Status(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class InvocationRecordQuerySet(models.QuerySet["InvocationRecord"]):
+    def recent_calls(self, tenant: Tenant, principal: str, seconds: int = 60) -> int:
+        """Calls this principal made in the last minute (rate-limited ones not counted)."""
+        since = timezone.now() - timedelta(seconds=seconds)
+        return (
+            self.filter(tenant=tenant, principal=principal, created_at__gte=since)
+            .exclude(error_code=ErrorCode.RATE_LIMITED)
+            .count()
+        )
+
+
 class InvocationRecord(models.Model):
     """One attempted tool call, refused ones included. Args and result are redacted."""
 
@@ -66,9 +79,12 @@ class InvocationRecord(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
 
+    objects = InvocationRecordQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         indexes = [
+            models.Index(fields=["tenant", "principal", "created_at"]),
             models.Index(fields=["tenant", "run_id"]),
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),

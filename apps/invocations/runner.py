@@ -4,10 +4,11 @@ REST, wire-format batches, MCP and resumed approvals all call `invoke`. It reads
 as the numbered pipeline of DESIGN.md, one small step per function:
 
   1 lookup_tool          unavailable
-  2 check_policy         policy_denied
-  3 check_permission     authz_denied            (object permissions, next issue)
-  4 check_connection     policy_denied
+  2 check_policy         policy_denied, rate_limited
+  3 check_permission     authz_denied
+  4 check_connection     policy_denied, authz_denied
   5 validate_args        invalid_json, validation
+    apply_rules          policy_denied (CEL conditions need the validated args)
   6 find_replay          idempotency ledger hit -> the recorded call
   7 hold_for_approval    pending_approval
   8 record_start         tool_call_start
@@ -39,7 +40,8 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from apps.connections.models import Connection
+from apps.connections.models import Connection, Grant
+from apps.connections.permissions import can_use_connection
 from apps.invocations import events
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
@@ -49,6 +51,7 @@ from apps.tenants.callers import Caller
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import ToolContext, ToolError, ToolParams
 from apps.tools.models import Tool
+from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
 from apps.tools.registry import RegisteredTool, registry
 
@@ -81,6 +84,7 @@ class Call:
     args_problem: Refusal | None = None
     tool: Tool | None = None
     registered: RegisteredTool | None = None
+    evaluator: policy.Evaluator | None = None
     decision: policy.Decision | None = None
     connection_id: str = ""
     params: ToolParams | None = None
@@ -107,8 +111,15 @@ class Call:
 
     @property
     def timeout_s(self) -> float:
-        assert self.tool is not None
-        return self.tool.timeout_ms / 1000
+        """The tool's timeout, cut to the policy's runtime budget."""
+        assert self.tool is not None and self.decision is not None
+        budget = self.decision.budgets.max_runtime_ms
+        return min(self.tool.timeout_ms, budget or self.tool.timeout_ms) / 1000
+
+    @property
+    def max_result_bytes(self) -> int:
+        assert self.decision is not None
+        return min(MAX_RESULT_BYTES, self.decision.budgets.max_result_bytes or MAX_RESULT_BYTES)
 
     def redacted_args(self) -> Any:
         if self.params is None or self.registered is None:
@@ -121,7 +132,7 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
         return (request.args or {}), None
     try:
         parsed = json.loads(request.arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
         return None, Refusal(ErrorCode.INVALID_JSON, "The tool arguments are not valid JSON.")
     if not isinstance(parsed, dict):
         return None, Refusal(ErrorCode.VALIDATION, "The tool arguments must be a JSON object.")
@@ -140,6 +151,7 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
         check_permission(call)
         check_connection(call)
         validate_args(call)
+        apply_rules(call)
         replay = find_replay(call)
         if replay is not None:
             return replay
@@ -170,22 +182,33 @@ def lookup_tool(call: Call) -> None:
 
 
 def check_policy(call: Call) -> None:
-    """2. DENY_BY_DEFAULT: some policy of the caller's tenant must allow the tool."""
+    """2. DENY_BY_DEFAULT: a policy in force for the caller must allow the tool; budgets apply."""
     assert call.tool is not None
-    call.decision = policy.decide(call.caller.tenant, call.caller.principal, call.tool)
+    caller = call.caller
+    call.evaluator = policy.Evaluator(caller.tenant, caller.principal, caller.user)
+    call.decision = call.evaluator.decide(call.tool)
     if not call.decision.allowed:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
+    limit = call.decision.budgets.calls_per_minute
+    recent = InvocationRecord.objects.recent_calls
+    if limit is not None and recent(caller.tenant, caller.principal) >= limit:
+        raise Refusal(ErrorCode.RATE_LIMITED, f"Rate limit reached: {limit} calls per minute.")
 
 
 def check_permission(call: Call) -> None:
-    """3. Object permission for the actor (execute_tool); arrives with guardian wiring."""
+    """3. The actor needs `execute_tool` on the tool (django-guardian)."""
+    assert call.tool is not None
+    if not can_execute(call.caller.user, call.tool):
+        raise Refusal(
+            ErrorCode.AUTHZ_DENIED, f"{call.caller.principal} may not execute {call.tool.id}."
+        )
 
 
 def check_connection(call: Call) -> None:
-    """4. A tool that needs a connection gets one the caller's tenant owns and may use.
+    """4. GRANT_INTERSECTION_REQUIRED: the connection must lie in grant ∩ request.
 
-    Checked before any secret is touched. Until grants exist, no principal may
-    use any connection, so such tools are refused here.
+    Checked before any secret is decrypted. A connection of another tenant, a
+    forged id and an ungranted one get the same answer, so ids cannot be probed.
     """
     assert call.tool is not None
     if not call.tool.requires_connection:
@@ -195,13 +218,28 @@ def check_connection(call: Call) -> None:
         raise Refusal(
             ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given."
         )
+    caller = call.caller
+    granted = Grant.objects.usable_by(caller.tenant, caller.principal, call.run_id)
+    requested = _as_uuid(connection_id)
+    connection = (
+        Connection.objects.filter(tenant=caller.tenant, pk=requested)
+        .filter(pk__in=granted.values("connection"))
+        .first()
+        if requested
+        else None
+    )
+    if connection is None:
+        raise Refusal(ErrorCode.POLICY_DENIED, "That connection is not granted to this caller.")
+    if not can_use_connection(caller.user, connection):
+        raise Refusal(ErrorCode.AUTHZ_DENIED, f"{caller.principal} may not use that connection.")
+    call.connection_id = str(connection.pk)
+
+
+def _as_uuid(value: str) -> uuid.UUID | None:
     try:
-        uuid.UUID(connection_id)
+        return uuid.UUID(value)
     except ValueError:
-        raise Refusal(ErrorCode.POLICY_DENIED, "The connection does not exist.") from None
-    if not Connection.objects.filter(tenant=call.caller.tenant, pk=connection_id).exists():
-        raise Refusal(ErrorCode.POLICY_DENIED, "The connection does not exist.")
-    raise Refusal(ErrorCode.POLICY_DENIED, "No grant lets this caller use that connection.")
+        return None
 
 
 def validate_args(call: Call) -> None:
@@ -236,6 +274,16 @@ def _explain(exc: ValidationError) -> str:
     return "Invalid arguments: " + "; ".join(problems) + more
 
 
+def apply_rules(call: Call) -> None:
+    """5b. Policy rules (CEL over the validated args): deny, or require approval."""
+    assert call.evaluator is not None and call.tool is not None and call.params is not None
+    call.decision = call.evaluator.decide(
+        call.tool, args=call.params.model_dump(mode="json"), run_id=call.run_id
+    )
+    if not call.decision.allowed:
+        raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
+
+
 def find_replay(call: Call) -> InvocationRecord | None:
     """6. The idempotency ledger: a key already used returns that call's record."""
     key = call.request.idempotency_key
@@ -261,7 +309,7 @@ def hold_for_approval(call: Call) -> None:
     Held calls arrive with the approvals issue; until then they are refused.
     """
     assert call.tool is not None and call.decision is not None
-    if call.tool.requires_confirmation or call.decision.outcome == "require_approval":
+    if call.tool.requires_confirmation or call.decision.requires_approval:
         raise Refusal(
             ErrorCode.POLICY_DENIED,
             f"{call.tool.id} needs a human approval, and approvals are not enabled on this server.",
@@ -359,10 +407,10 @@ def validate_output(call: Call, output: Any) -> dict[str, Any]:
         validated.model_dump(mode="json") if isinstance(validated, BaseModel) else {}
     )
     size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > MAX_RESULT_BYTES:
+    if size > call.max_result_bytes:
         raise Refusal(
             ErrorCode.RESULT_TOO_LARGE,
-            f"The result is {size} bytes; the limit is {MAX_RESULT_BYTES}.",
+            f"The result is {size} bytes; the limit is {call.max_result_bytes}.",
         )
     return data
 

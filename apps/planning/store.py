@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import transaction
 
+from apps.invocations.requests import MAX_RESULT_BYTES
 from apps.planning.models import Plan, PlanError
 from apps.tenants.models import Tenant
 from apps.tools.contracts import ToolError
+
+
+def _returnable(plan: Plan) -> dict[str, Any]:
+    """The plan as the tools return it; refused (so the change rolls back) if too large.
+
+    Called inside the change's transaction: a change whose result the runner would
+    refuse as result_too_large must not be kept while the call reports a failure.
+    """
+    data = plan.as_dict()
+    size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_RESULT_BYTES:
+        raise ToolError(
+            f"That change would make the plan too large to return ({size} bytes, the limit is "
+            f"{MAX_RESULT_BYTES}); it was not applied. Use fewer or shorter steps, "
+            "or set up a new plan."
+        )
+    return data
 
 
 class DatabasePlanStore:
@@ -30,7 +49,7 @@ class DatabasePlanStore:
                 tenant=self.tenant, run_id=self.run_id, defaults={"objective": objective}
             )
             plan.replace(objective, steps)
-            return plan.as_dict()
+            return _returnable(plan)
 
     def add_steps(self, steps: list[str]) -> dict[str, Any]:
         with transaction.atomic():
@@ -39,7 +58,7 @@ class DatabasePlanStore:
                 plan.add_steps(steps)
             except PlanError as exc:
                 raise ToolError(str(exc)) from None
-            return plan.as_dict()
+            return _returnable(plan)
 
     def update_step(self, step_id: int, title: str | None, status: str | None) -> dict[str, Any]:
         with transaction.atomic():
@@ -48,7 +67,7 @@ class DatabasePlanStore:
                 plan.update_step(step_id, title, status)
             except PlanError as exc:
                 raise ToolError(str(exc)) from None
-            return plan.as_dict()
+            return _returnable(plan)
 
     def read(self) -> dict[str, Any]:
         plan = Plan.objects.filter(tenant=self.tenant, run_id=self.run_id).first()

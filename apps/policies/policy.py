@@ -1,53 +1,157 @@
-"""The policy evaluator: one place that says allow, deny or require_approval.
+"""The policy evaluator: the one place that says allow, deny or require_approval.
 
-DENY_BY_DEFAULT: a tool no enabled policy of the tenant lists is denied. The
-catalog a caller sees and the runner's check both come from here, so what is
-listed is what may run.
+Precedence: deny beats require_approval beats allow, and nothing matching means
+deny (DENY_BY_DEFAULT). A tool is allowed when an applicable policy lists it
+(explicitly or by pattern) or an `allow` rule's condition holds; approval is
+required when such a policy names the tool's effect, or a `require_approval`
+rule holds; any `deny` rule that holds, or any rule that fails to evaluate,
+denies. The catalog a caller sees and the runner's check both come from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 
-from apps.policies.models import Policy
+from apps.policies import conditions
+from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
+from apps.tools.permissions import executable_tools
 
-Outcome = Literal["allow", "deny", "require_approval"]
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+OutcomeName = Literal["allow", "deny", "require_approval"]
+PRECEDENCE: dict[str, int] = {Outcome.ALLOW: 0, Outcome.REQUIRE_APPROVAL: 1, Outcome.DENY: 2}
+
+
+@dataclass(frozen=True)
+class Budgets:
+    max_runtime_ms: int | None = None
+    max_result_bytes: int | None = None
+    calls_per_minute: int | None = None
 
 
 @dataclass(frozen=True)
 class Decision:
-    outcome: Outcome
-    rule: str  # which policy (or default) decided, recorded with the call
+    outcome: OutcomeName
+    rule: str  # which policy or rule decided; recorded with the call
     reason: str
+    budgets: Budgets = field(default_factory=Budgets)
 
     @property
     def allowed(self) -> bool:
         return self.outcome != "deny"
 
+    @property
+    def requires_approval(self) -> bool:
+        return self.outcome == "require_approval"
 
-def _allowed_by(policy: Policy) -> Decision:
-    return Decision(
-        "allow", f"policy:{policy.pk}:{policy.name}", f"Allowed by policy {policy.name!r}."
+
+DEFAULT_DENY = "default:deny"
+
+
+class Evaluator:
+    """The policies in force for one caller, loaded once (two queries), decided per tool."""
+
+    def __init__(self, tenant: Tenant, principal: str, user: User | None) -> None:
+        group_ids = list(user.groups.values_list("pk", flat=True)) if user is not None else []
+        self.principal = principal
+        self.policies = list(
+            Policy.objects.in_force(tenant)
+            .filter(Q(group__isnull=True) | Q(group__in=group_ids))
+            .filter(Q(principal="") | Q(principal=principal))
+            .order_by("pk")
+            .prefetch_related(
+                Prefetch("tools", queryset=Tool.objects.only("pk")),
+                Prefetch("rules", queryset=PolicyRule.objects.order_by("position", "pk")),
+            )
+        )
+        self._listed = {p.pk: {t.pk for t in p.tools.all()} for p in self.policies}
+
+    def admitting(self, tool: Tool) -> list[Policy]:
+        return [p for p in self.policies if p.lists(tool, self._listed[p.pk])]
+
+    def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
+        """Without `args` (the catalog) rules are not evaluated; with them, they are."""
+        candidates: list[tuple[str, str, str]] = []
+        admitting = self.admitting(tool)
+        for policy in admitting:
+            if tool.effect in policy.approval_effects:
+                reason = f"Policy {policy.name!r} requires approval for {tool.effect} tools."
+                candidates.append((Outcome.REQUIRE_APPROVAL, policy.label, reason))
+            else:
+                candidates.append(
+                    (Outcome.ALLOW, policy.label, f"Allowed by policy {policy.name!r}.")
+                )
+        for policy in self.policies:
+            for rule in policy.rules.all():
+                if rule.matches(tool):
+                    verdict = self._apply(rule, tool, args, run_id)
+                    if verdict is not None:
+                        candidates.append(verdict)
+        if not any(outcome != Outcome.DENY for outcome, _, _ in candidates):
+            if candidates:  # only deny rules spoke
+                return Decision("deny", candidates[0][1], candidates[0][2])
+            return Decision("deny", DEFAULT_DENY, f"No policy of this tenant allows {tool.id}.")
+        outcome, label, reason = max(candidates, key=lambda c: PRECEDENCE[c[0]])
+        return Decision(outcome, label, reason, _budgets(admitting))  # type: ignore[arg-type]
+
+    def _apply(
+        self, rule: PolicyRule, tool: Tool, args: dict[str, Any] | None, run_id: str
+    ) -> tuple[str, str, str] | None:
+        if args is None:
+            # Catalog time: an allow rule may admit the tool for some arguments;
+            # deny and approval rules are judged when a call arrives.
+            if rule.outcome == Outcome.ALLOW:
+                return (Outcome.ALLOW, rule.label, "Allowed by a rule, depending on arguments.")
+            return None
+        variables = {
+            "args": args,
+            "tool": {
+                "id": tool.id,
+                "effect": tool.effect,
+                "consequenceLevel": tool.consequence_level,
+            },
+            "principal": self.principal,
+            "runId": run_id,
+        }
+        try:
+            holds = conditions.holds(rule.condition, variables)
+        except conditions.ConditionError as exc:
+            return (Outcome.DENY, rule.label, f"A policy rule could not be evaluated: {exc}")
+        if not holds:
+            return None
+        reason = rule.description or f"Rule matched: {rule.condition[:200]}"
+        return (rule.outcome, rule.label, reason)
+
+
+def _budgets(policies: list[Policy]) -> Budgets:
+    """The tightest budget any admitting policy sets."""
+
+    def tightest(values: list[int | None]) -> int | None:
+        present = [v for v in values if v is not None]
+        return min(present) if present else None
+
+    return Budgets(
+        max_runtime_ms=tightest([p.max_runtime_ms for p in policies]),
+        max_result_bytes=tightest([p.max_result_bytes for p in policies]),
+        calls_per_minute=tightest([p.calls_per_minute for p in policies]),
     )
 
 
-def decide(tenant: Tenant, principal: str, tool: Tool) -> Decision:
-    policy = Policy.objects.in_force(tenant).filter(tools=tool).order_by("pk").first()
-    if policy is None:
-        return Decision("deny", "default:deny", f"No policy of this tenant allows {tool.id}.")
-    return _allowed_by(policy)
+def catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Decision]]:
+    """The usable tools this caller may see, each with its decision (CATALOG_IS_EXPLICIT).
 
-
-def allowed_tools(tenant: Tenant, principal: str) -> list[tuple[Tool, Decision]]:
-    """The usable tools this caller may see, each with the decision that admits it."""
-    usable = Prefetch("tools", queryset=Tool.objects.usable().order_by("pk"))
-    found: dict[str, tuple[Tool, Decision]] = {}
-    for policy in Policy.objects.in_force(tenant).order_by("pk").prefetch_related(usable):
-        for tool in policy.tools.all():
-            found.setdefault(tool.pk, (tool, _allowed_by(policy)))
-    return [found[tool_id] for tool_id in sorted(found)]
+    Filtered by `execute_tool` permission first, in a fixed number of queries.
+    """
+    evaluator = Evaluator(tenant, principal, user)
+    listed = []
+    for tool in executable_tools(user).order_by("pk"):
+        decision = evaluator.decide(tool)
+        if decision.allowed:
+            listed.append((tool, decision))
+    return listed

@@ -33,7 +33,10 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     actions = ("revoke_keys",)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
-        raw = None if change else obj.assign_new_secret()
+        raw = None
+        if not change:
+            obj.bind_service_user()
+            raw = obj.assign_new_secret()
         super().save_model(request, obj, form, change)
         if raw:
             messages.warning(request, f"New API key (copy it now, it is not shown again): {raw}")

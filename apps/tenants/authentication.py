@@ -17,7 +17,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
-        if parts[0].lower() != self.keyword.lower():
+        if not parts or parts[0].lower() != self.keyword.lower():  # blank header: no credentials
             return None
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed(

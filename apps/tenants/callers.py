@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from apps.tenants.models import ApiKey, Tenant
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 
 
 class NoTenant(Exception):
@@ -19,15 +19,15 @@ class NoTenant(Exception):
 class Caller:
     tenant: Tenant
     principal: str
+    user: User
     api_key: ApiKey | None = None
-    user: AbstractBaseUser | None = None
 
     @classmethod
     def for_api_key(cls, key: ApiKey) -> Caller:
-        return cls(tenant=key.tenant, principal=key.principal, api_key=key)
+        return cls(tenant=key.tenant, principal=key.principal, user=key.user, api_key=key)
 
     @classmethod
-    def for_user(cls, user: AbstractBaseUser, tenant_slug: str | None) -> Caller:
+    def for_user(cls, user: User, tenant_slug: str | None) -> Caller:
         """A staff user acts as `user:<username>` inside one of their tenants.
 
         With several tenants the request must name one (X-Toolhub-Tenant), so a

@@ -16,7 +16,7 @@ KEY_PREFIX = "th_"
 
 
 def validate_principal(value: str) -> None:
-    if not PRINCIPAL_RE.match(value):
+    if not PRINCIPAL_RE.fullmatch(value):  # fullmatch: `$` alone also accepts a trailing newline
         raise ValidationError(
             "A principal looks like 'kind:name', e.g. 'agent:support-bot' "
             "(lowercase kind, then letters, digits, . _ @ + -)."
@@ -60,6 +60,7 @@ class ApiKeyManager(models.Manager["ApiKey"]):
         """Create a key and return it with its plaintext, which is never stored."""
         validate_principal(principal)
         key = self.model(tenant=tenant, principal=principal, name=name)
+        key.bind_service_user()
         raw = key.assign_new_secret()
         key.save()
         return key, raw
@@ -70,7 +71,11 @@ class ApiKeyManager(models.Manager["ApiKey"]):
             return None
         prefix = raw[len(KEY_PREFIX) :].split("_", 1)[0]
         candidate = (
-            self.get_queryset().active().select_related("tenant").filter(prefix=prefix).first()
+            self.get_queryset()
+            .active()
+            .select_related("tenant", "user")
+            .filter(prefix=prefix)
+            .first()
         )
         if candidate is None or not secrets.compare_digest(candidate.key_hash, _hash_key(raw)):
             return None
@@ -85,6 +90,13 @@ class ApiKey(models.Model):
         help_text="Who calls with this key, e.g. agent:support-bot.",
     )
     name = models.CharField(max_length=200, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        editable=False,
+        related_name="api_keys",
+        help_text="The principal's service user, which object permissions are granted to.",
+    )
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     key_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -105,6 +117,11 @@ class ApiKey(models.Model):
     @property
     def display_prefix(self) -> str:
         return f"{KEY_PREFIX}{self.prefix}_…"
+
+    def bind_service_user(self) -> None:
+        from apps.tenants.principals import service_user
+
+        self.user = service_user(self.tenant, self.principal)
 
     def assign_new_secret(self) -> str:
         """Give an unsaved key its secret; returns the plaintext, which is not kept."""

@@ -26,12 +26,26 @@ class PlanStore(Protocol):
     def read(self) -> dict[str, Any]: ...
 
 
+class Http(Protocol):
+    """Requests through the call's connection; credentials are attached inside."""
+
+    def request(
+        self, method: str, url: str, headers: dict[str, str], body: str | None, timeout: float
+    ) -> dict[str, Any]: ...
+
+
+class Mailer(Protocol):
+    def send(self, to: list[str], subject: str, body: str) -> int: ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the runner bound for one call; fields a tool did not declare are None."""
 
     clock: Clock | None = None
     plans: PlanStore | None = None
+    http: Http | None = None
+    mail: Mailer | None = None
 
     def require(self, name: str) -> Any:
         value = getattr(self, name)

@@ -52,9 +52,10 @@ def check_contract(contract: ToolContract) -> RegisteredTool:
     def refuse(reason: str) -> ToolRegistrationError:
         return ToolRegistrationError(f"tool {contract.namespace}__{contract.name}: {reason}")
 
-    if not NAME_RE.match(contract.name):
+    # fullmatch: `$` alone would also accept a trailing newline.
+    if not NAME_RE.fullmatch(contract.name):
         raise refuse("name must match ^[a-z0-9_-]{1,64}$")
-    if not NAMESPACE_RE.match(contract.namespace):
+    if not NAMESPACE_RE.fullmatch(contract.namespace):
         raise refuse("namespace must match ^[a-z0-9-]{1,32}$")
     if not 1 <= len(contract.description.strip()) <= 200 or len(contract.description) > 200:
         raise refuse("description must be 1-200 characters")

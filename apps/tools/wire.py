@@ -17,7 +17,7 @@ def tool_spec(tool: Tool, decision: Decision) -> dict[str, Any]:
         "effect": tool.effect,
         "consequenceLevel": tool.consequence_level,
         "requiresConfirmation": tool.requires_confirmation,
-        "requiresApproval": tool.requires_confirmation or decision.outcome == "require_approval",
+        "requiresApproval": tool.requires_confirmation or decision.requires_approval,
         "requiresConnection": tool.requires_connection,
         "timeoutMs": tool.timeout_ms,
         "tags": list(tool.tags),

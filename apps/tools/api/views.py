@@ -6,7 +6,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.policies.policy import allowed_tools
+from apps.policies.policy import catalog
 from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
 from toolhub.api import BadRequest, CallerView
 
@@ -41,7 +41,7 @@ class ToolCatalogView(CallerView):
                 [{"field": "format", "message": "use toolhub, openai or anthropic"}],
             )
         caller = self.caller(request)
-        allowed = allowed_tools(caller.tenant, caller.principal)
+        allowed = catalog(caller.tenant, caller.principal, caller.user)
         encode = FORMATS[wire_format]
         tools = [encode(tool) if encode else tool_spec(tool, d) for tool, d in allowed]
         body: dict[str, object] = {"tools": tools}
@@ -49,6 +49,7 @@ class ToolCatalogView(CallerView):
             # Never a silent empty list: say why, so nobody runs a model tool-less by accident.
             body["notice"] = (
                 f"No tool is available to {caller.principal} in tenant {caller.tenant.slug}: "
-                "no enabled policy allows an enabled tool."
+                "no enabled policy allows an enabled tool that this principal may execute "
+                "(execute_tool permission)."
             )
         return Response(body)

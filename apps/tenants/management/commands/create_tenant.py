@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.validators import validate_slug
+from django.core.validators import MaxLengthValidator, validate_slug
 
 from apps.tenants.models import Tenant
 
@@ -20,8 +20,11 @@ class Command(BaseCommand):
         slug = options["slug"]
         try:
             validate_slug(slug)
+            MaxLengthValidator(Tenant._meta.get_field("slug").max_length)(slug)
         except ValidationError:
-            raise CommandError(f"{slug!r} is not a slug: use letters, digits, - and _.") from None
+            raise CommandError(
+                f"{slug!r} is not a slug: use up to 64 letters, digits, - and _."
+            ) from None
         if Tenant.objects.filter(slug=slug).exists():
             raise CommandError(f"Tenant {slug!r} already exists.")
         Tenant.objects.create(slug=slug, name=options["name"] or slug)

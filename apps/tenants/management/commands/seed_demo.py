@@ -11,7 +11,8 @@ from guardian.shortcuts import assign_perm
 
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Tenant
-from apps.tools.models import Source, Tool
+from apps.tenants.principals import agents_group
+from apps.tools.models import Effect, Source, Tool
 
 DEMO_PRINCIPAL = "agent:demo"
 EXAMPLE_CALL = '{"toolId": "core__get_current_time", "args": {"timezone": "Europe/Paris"}}'
@@ -39,11 +40,16 @@ class Command(BaseCommand):
         policy, _ = Policy.objects.get_or_create(
             tenant=tenant,
             name="demo: built-in tools",
-            defaults={"description": "Every built-in tool, for the embedded demo."},
+            defaults={
+                "description": "Every built-in tool; external side effects wait for a human.",
+                "approval_effects": [Effect.EXTERNAL_SIDE_EFFECT],
+            },
         )
         core_tools = list(Tool.objects.filter(source=Source.CORE, available=True))
         policy.tools.add(*core_tools)
+        agents = agents_group(tenant)
         for tool in core_tools:
+            assign_perm("tools.execute_tool", agents, tool)
             assign_perm("tools.decide_approval", operator, tool)
         key = self._demo_key(tenant, Path(options["key_file"]) if options["key_file"] else None)
         base = f"http://127.0.0.1:{options['port']}"

@@ -1,0 +1,99 @@
+"""The connection broker: turns a connectionId into a capability at execution time.
+
+This is the only place a secret is decrypted, and the secret never leaves the
+capability object: tools get a client that attaches credentials itself.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from apps.connections.models import Connection
+from apps.connections.netguard import Blocked, NetworkPolicy, Resolver, fetch, system_resolver
+from apps.tenants.models import Tenant
+from apps.tools.contracts import ToolError
+
+# Headers a tool may not set: the connection owns them.
+RESERVED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "host"})
+MAX_RESPONSE_BYTES = 16 * 1024
+
+# Swappable in tests that need a host name to resolve to a chosen address.
+resolver: Resolver = system_resolver
+
+
+def _auth_headers(kind: str, secret: dict[str, str]) -> dict[str, str]:
+    if kind == Connection.Kind.API_KEY:
+        return {secret["header_name"]: secret["value"]}
+    if kind == Connection.Kind.BEARER:
+        return {"Authorization": f"Bearer {secret['token']}"}
+    if kind == Connection.Kind.BASIC:
+        pair = f"{secret['username']}:{secret['password']}".encode()
+        return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+    if kind == Connection.Kind.OAUTH:
+        return {"Authorization": f"Bearer {secret['access_token']}"}
+    raise ValueError(f"unknown connection kind {kind!r}")
+
+
+class HttpClient:
+    """The `http` capability: requests through one connection, credentials attached."""
+
+    def __init__(self, connection: Connection) -> None:
+        auth = _auth_headers(connection.kind, connection.read_secret())
+        self._reserved = RESERVED_HEADERS | {name.lower() for name in auth}
+        self._policy = NetworkPolicy(
+            allowed_hosts=list(connection.allowed_hosts),
+            allow_private=connection.allow_private_network,
+            resolver=resolver,
+        )
+
+        def headers_for(extra: dict[str, str]) -> Any:
+            return lambda host: {**extra, **auth, "User-Agent": "toolhub/1"}
+
+        self._headers_for = headers_for
+
+    def __repr__(self) -> str:
+        return "<HttpClient>"  # never the credentials
+
+    def request(
+        self, method: str, url: str, headers: dict[str, str], body: str | None, timeout: float
+    ) -> dict[str, Any]:
+        clash = sorted(name for name in headers if name.lower() in self._reserved)
+        if clash:
+            raise ToolError(
+                f"The header(s) {', '.join(clash)} are set by the connection, not by the tool."
+            )
+        try:
+            response = fetch(
+                self._policy,
+                method,
+                url,
+                headers=self._headers_for(headers),
+                body=body.encode() if body is not None else None,
+                timeout=timeout,
+                max_bytes=MAX_RESPONSE_BYTES,
+            )
+        except Blocked as exc:
+            raise ToolError(str(exc)) from None
+        except TimeoutError:
+            raise ToolError("The remote server did not answer in time.") from None
+        except OSError as exc:
+            raise ToolError(f"The request failed: {type(exc).__name__}.") from None
+        return {
+            "status": response.status,
+            "content_type": response.headers.get("content-type", ""),
+            "body": response.body.decode("utf-8", errors="replace"),
+            "truncated": response.truncated,
+            "url": response.url,
+        }
+
+
+def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
+    connection = (
+        Connection.objects.filter(tenant=tenant, pk=connection_id).first()
+        if connection_id
+        else None
+    )
+    if connection is None:  # the runner checked it; a deletion in between lands here
+        raise ToolError("The connection no longer exists.")
+    return HttpClient(connection)

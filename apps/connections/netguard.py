@@ -1,0 +1,176 @@
+"""Outbound HTTP that cannot be steered into the private network (SSRF guard).
+
+Addresses are checked after DNS resolution, the socket connects to the very
+address that was checked (so a second DNS answer cannot swap it), and every
+redirect hop goes through the same checks. Link-local and cloud-metadata
+addresses are refused always; private and loopback ones unless the connection
+explicitly allows them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urljoin, urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], list[str]]
+
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
+)
+SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
+MAX_REDIRECTS = 5
+
+
+class Blocked(Exception):
+    """The request would reach a host or address the connection does not allow."""
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise Blocked(f"The host {host!r} could not be resolved.") from None
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def address_problem(ip: IPAddress, allow_private: bool) -> str | None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA_ADDRESSES:
+        return "a cloud metadata address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+        return "a reserved address"
+    private = ip.is_loopback or ip.is_private or ip in SHARED_ADDRESS_SPACE
+    if private and not allow_private:
+        return "a private or loopback address"
+    return None
+
+
+def host_allowed(host: str, patterns: list[str]) -> bool:
+    host = host.lower().rstrip(".")
+    for pattern in patterns:
+        pattern = pattern.lower().rstrip(".")
+        if pattern.startswith("*."):
+            if host.endswith(pattern[1:]) and host != pattern[2:]:
+                return True
+        elif host == pattern.strip("[]") or host == pattern:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    allowed_hosts: list[str]
+    allow_private: bool = False
+    resolver: Resolver = field(default=system_resolver)
+
+    def check_host(self, host: str) -> None:
+        if not host_allowed(host, self.allowed_hosts):
+            raise Blocked(f"The connection does not allow requests to {host!r}.")
+
+    def safe_address(self, host: str, port: int) -> str:
+        """Resolve `host`; every address must pass, and the first one is used."""
+        try:
+            literal: IPAddress | None = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            literal = None
+        addresses = [str(literal)] if literal else self.resolver(host, port)
+        if not addresses:
+            raise Blocked(f"The host {host!r} has no address.")
+        for address in addresses:
+            problem = address_problem(ipaddress.ip_address(address), self.allow_private)
+            if problem:
+                raise Blocked(f"The host {host!r} resolves to {problem}, which is not allowed.")
+        return addresses[0]
+
+
+class _GuardedHTTP(http.client.HTTPConnection):
+    policy: NetworkPolicy
+
+    def connect(self) -> None:
+        address = self.policy.safe_address(self.host, self.port)
+        self.sock = socket.create_connection((address, self.port), self.timeout)
+
+
+class _GuardedHTTPS(http.client.HTTPSConnection):
+    policy: NetworkPolicy
+
+    def connect(self) -> None:
+        address = self.policy.safe_address(self.host, self.port)
+        sock = socket.create_connection((address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    truncated: bool
+    url: str
+
+
+def fetch(
+    policy: NetworkPolicy,
+    method: str,
+    url: str,
+    *,
+    headers: Callable[[str], dict[str, str]],
+    body: bytes | None = None,
+    timeout: float = 10.0,
+    max_bytes: int = 16 * 1024,
+) -> Response:
+    """Send one request, following redirects, each hop re-checked.
+
+    `headers(host)` gives the headers for a hop, so credentials are attached
+    only for hosts the connection allows (every hop must be allowed anyway).
+    """
+    for _ in range(MAX_REDIRECTS + 1):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Blocked("Only absolute http and https URLs can be requested.")
+        if parts.username or parts.password:
+            raise Blocked("URLs may not carry credentials.")
+        host = parts.hostname
+        policy.check_host(host)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        connection_class = _GuardedHTTPS if parts.scheme == "https" else _GuardedHTTP
+        if connection_class is _GuardedHTTPS:
+            connection: http.client.HTTPConnection = _GuardedHTTPS(
+                host, port, timeout=timeout, context=ssl.create_default_context()
+            )
+        else:
+            connection = _GuardedHTTP(host, port, timeout=timeout)
+        connection.policy = policy  # type: ignore[attr-defined]
+        target = parts.path or "/"
+        if parts.query:
+            target += f"?{parts.query}"
+        try:
+            connection.request(method, target, body=body, headers=headers(host))
+            response = connection.getresponse()
+            location = response.getheader("Location")
+            if response.status in (301, 302, 303, 307, 308) and location:
+                response.read(max_bytes)
+                url = urljoin(url, location)
+                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+                    method, body = "GET", None
+                continue
+            data = response.read(max_bytes + 1)
+            return Response(
+                status=response.status,
+                headers={k.lower(): v for k, v in response.getheaders()},
+                body=data[:max_bytes],
+                truncated=len(data) > max_bytes,
+                url=url,
+            )
+        finally:
+            connection.close()
+    raise Blocked(f"Too many redirects (more than {MAX_REDIRECTS}).")

@@ -1,0 +1,62 @@
+"""core__http_request: one HTTP request through a tenant's connection.
+
+The connection supplies the credentials and the hosts they may be sent to; the
+`http` capability refuses private, loopback, link-local and metadata addresses
+unless the connection allows them, on every hop.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, HttpUrl
+
+from apps.tools.capabilities import Capabilities
+from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolOutput, ToolParams
+
+
+class HttpRequestParams(ToolParams):
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"] = "GET"
+    url: HttpUrl = Field(description="Absolute http(s) URL on a host the connection allows")
+    headers: dict[str, str] = Field(default_factory=dict, max_length=20)
+    body: str | None = Field(default=None, max_length=6000)
+
+
+class HttpResult(ToolOutput):
+    status: int
+    content_type: str
+    body: str
+    truncated: bool = Field(description="True when the body was cut at 16 KB")
+    url: str = Field(description="The final URL, after redirects")
+
+
+def http_request(params: HttpRequestParams, ctx: ToolContext, caps: Capabilities) -> HttpResult:
+    response = caps.require("http").request(
+        params.method,
+        str(params.url),
+        params.headers,
+        params.body,
+        timeout=max(1.0, min(10.0, ctx.time_left())),
+    )
+    return HttpResult(**response)
+
+
+CONTRACTS = [
+    ToolContract(
+        name="http_request",
+        description="Send an HTTP request through a connection (its credentials and hosts).",
+        params=HttpRequestParams,
+        result=HttpResult,
+        execute=http_request,
+        effect="external_side_effect",
+        consequence_level="medium",
+        requires_connection=True,
+        capabilities=("http",),
+        redaction=Redaction(
+            result=("status", "content_type", "body", "truncated", "url"),
+            args=("method", "url", "headers", "body"),
+        ),
+        tags=("http", "network"),
+        timeout_s=15,
+    )
+]

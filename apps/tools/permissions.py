@@ -1,0 +1,39 @@
+"""Object permissions on tools (django-guardian).
+
+`execute_tool`: who may run a tool (service users of principals, staff, or
+their groups); granted per tool, or for every tool as a global permission.
+`decide_approval`: who may approve or reject a tool's held calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from guardian.shortcuts import get_objects_for_user
+
+from apps.tools.models import Tool, ToolQuerySet
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+EXECUTE = "tools.execute_tool"
+DECIDE = "tools.decide_approval"
+
+
+def can_execute(user: User, tool: Tool) -> bool:
+    return user.is_active and (user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool))
+
+
+def executable_tools(user: User) -> ToolQuerySet:
+    """Usable tools the user may execute: one query for perms, whatever the count."""
+    usable = Tool.objects.usable()
+    if not user.is_active:
+        return usable.none()
+    permitted = get_objects_for_user(user, EXECUTE, klass=usable, accept_global_perms=True)
+    return usable.filter(pk__in=permitted.values("pk"))
+
+
+def can_decide(user: User, tool: Tool) -> bool:
+    return (
+        user.is_active and user.is_staff and (user.has_perm(DECIDE) or user.has_perm(DECIDE, tool))
+    )
