@@ -234,6 +234,8 @@ TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.email",
     *env_list("TOOLHUB_EXTRA_TOOL_MODULES"),
 ]
+# Logs show argument shapes (keys and types); set to log redacted values instead.
+TOOLHUB_LOG_ARGUMENT_VALUES = env_bool("TOOLHUB_LOG_ARGUMENT_VALUES", default=False)
 # Threads that run tool code; a tool that ignores its deadline keeps one busy.
 TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 32, minimum=1, maximum=1024)
 

@@ -473,6 +473,7 @@ def _finish(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
     record.save()
+    _log(record)
     outcome: dict[str, Any] = {
         "ok": ok,
         "durationMs": record.duration_ms,
@@ -492,6 +493,23 @@ def _finish(
         **outcome,
     )
     return record
+
+
+def _log(record: InvocationRecord) -> None:
+    """One line per call. Argument shapes by default: values only when an operator opts in
+    (TOOLHUB_LOG_ARGUMENT_VALUES), and even then only the redacted ones."""
+    arguments = record.args if settings.TOOLHUB_LOG_ARGUMENT_VALUES else record.args_shape
+    logger.info(
+        "tool call %s tool=%s run=%s principal=%s status=%s error=%s duration_ms=%s args=%s",
+        record.tool_call_id,
+        record.tool_ref,
+        record.run_id,
+        record.principal,
+        record.status,
+        record.error_code or "-",
+        record.duration_ms,
+        json.dumps(arguments, separators=(",", ":")),
+    )
 
 
 def _emit_start(call: Call, at: datetime) -> None:

@@ -89,9 +89,28 @@ def check_input_schema(schema: dict[str, Any]) -> None:
     """Raise SchemaError unless `schema` is an object schema inside the subset."""
     if schema.get("type") != "object":
         raise SchemaError("an input schema must be a JSON object schema")
-    if schema.get("additionalProperties", True) is not False:
-        raise SchemaError("an input schema must forbid additional properties")
     _walk(schema, "$")
+    _require_closed_objects(schema, "$")
+
+
+def _require_closed_objects(node: Any, path: str) -> None:
+    """Unknown keys are an error at every depth, not only at the top (nested models
+    must subclass ToolParams too)."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            _require_closed_objects(item, f"{path}[{index}]")
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "object" and node.get("additionalProperties", True) is not False:
+        if "properties" in node or path == "$":
+            raise SchemaError(f"{path} must forbid additional properties (extra keys)")
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            for name, sub in value.items():
+                _require_closed_objects(sub, f"{path}.{name}")
+        elif key in ("items", "prefixItems"):
+            _require_closed_objects(value, f"{path}.{key}")
 
 
 def check_output_schema(schema: dict[str, Any]) -> None:

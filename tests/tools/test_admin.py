@@ -1,0 +1,216 @@
+"""Staff manage the catalog and keys in the Django admin; the API obeys at once."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+from apps.planning.models import Plan
+from apps.policies.models import Policy
+from apps.tenants.models import ApiKey, Tenant
+from apps.tools.models import Tool
+
+CHANGELIST = "/admin/tools/tool/"
+
+
+@pytest.fixture
+def superuser(db: None) -> User:
+    return User.objects.create_superuser("root", "root@example.com", "pw-root-123456")
+
+
+@pytest.fixture
+def admin_browser(superuser: User) -> Client:
+    client = Client()
+    client.force_login(superuser)
+    return client
+
+
+def changelist_post_data(response, disable: set[str]) -> dict[str, str]:
+    """The list_editable formset as the browser would submit it, unticking `disable`."""
+    formset = response.context["cl"].formset
+    data = {
+        f"{formset.prefix}-{name}": str(value)
+        for name, value in formset.management_form.initial.items()
+    }
+    for index, form in enumerate(formset.forms):
+        tool = form.instance
+        data[f"{formset.prefix}-{index}-id"] = tool.pk
+        if tool.enabled and tool.pk not in disable:
+            data[f"{formset.prefix}-{index}-enabled"] = "on"
+    data["_save"] = "Save"
+    return data
+
+
+def test_anonymous_visitors_are_sent_to_the_admin_login(db):
+    response = Client().get(CHANGELIST)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+
+
+def test_the_tool_changelist_has_an_editable_enabled_checkbox(admin_browser):
+    response = admin_browser.get(CHANGELIST)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "core__get_current_time" in html
+    checkboxes = re.findall(r'<input[^>]*name="form-\d+-enabled"[^>]*>', html)
+    assert len(checkboxes) == Tool.objects.count()
+    assert all('type="checkbox"' in box for box in checkboxes)
+
+
+def test_tools_cannot_be_added_through_the_admin(admin_browser):
+    assert admin_browser.get("/admin/tools/tool/add/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_disabling_a_tool_in_the_admin_stops_calls_and_hides_it(agent, superuser):
+    before = agent.invoke("core__get_current_time")
+    assert before.status_code == 200
+    assert before.json()["ok"] is True, before.json()
+
+    browser = Client()
+    browser.force_login(superuser)
+    page = browser.get(CHANGELIST)
+    response = browser.post(CHANGELIST, changelist_post_data(page, {"core__get_current_time"}))
+    assert response.status_code == 302, response.content.decode()[:2000]
+
+    assert Tool.objects.get(pk="core__get_current_time").enabled is False
+    assert Tool.objects.get(pk="core__planning_read_plan").enabled is True
+
+    after = agent.invoke("core__get_current_time")
+    assert after.status_code == 200
+    body = after.json()
+    assert body["ok"] is False
+    assert body["errorCode"] == "unavailable"
+    assert "result" not in body or body["result"] is None
+
+    ids = [tool["id"] for tool in agent.tools().json()["tools"]]
+    assert "core__get_current_time" not in ids
+    assert "core__planning_read_plan" in ids
+
+
+def test_re_enabling_a_tool_in_the_admin_lists_it_again(admin_browser, agent):
+    Tool.objects.filter(pk="core__get_current_time").update(enabled=False)
+    page = admin_browser.get(CHANGELIST)
+    data = changelist_post_data(page, set())
+    index = next(
+        i for i, form in enumerate(page.context["cl"].formset.forms)
+        if form.instance.pk == "core__get_current_time"
+    )  # fmt: skip
+    data[f"form-{index}-enabled"] = "on"
+    assert admin_browser.post(CHANGELIST, data).status_code == 302
+    assert "core__get_current_time" in [t["id"] for t in agent.tools().json()["tools"]]
+
+
+def test_the_tool_change_page_shows_the_contract_read_only(admin_browser):
+    response = admin_browser.get(
+        reverse("admin:tools_tool_change", args=["core__get_current_time"])
+    )
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert set(form.fields) == {"enabled"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/",
+        "/admin/tools/tool/",
+        "/admin/policies/policy/",
+        "/admin/policies/policy/add/",
+        "/admin/tenants/tenant/",
+        "/admin/tenants/tenant/add/",
+        "/admin/tenants/apikey/",
+        "/admin/tenants/apikey/add/",
+        "/admin/planning/plan/",
+        "/admin/connections/connection/",
+    ],
+)
+def test_admin_pages_render(admin_browser, agent, url):
+    response = admin_browser.get(url)
+    assert response.status_code == 200
+
+
+def test_every_registered_model_has_a_working_changelist(admin_browser, agent):
+    for model in admin.site._registry:
+        meta = model._meta
+        url = reverse(f"admin:{meta.app_label}_{meta.model_name}_changelist")
+        assert admin_browser.get(url).status_code == 200, url
+
+
+def test_change_pages_of_existing_rows_render(admin_browser, agent):
+    plan = Plan.objects.create(tenant=agent.tenant, run_id="run-1", objective="Ship it")
+    key = ApiKey.objects.get(tenant=agent.tenant)
+    urls = [
+        reverse("admin:policies_policy_change", args=[Policy.objects.get(tenant=agent.tenant).pk]),
+        reverse("admin:tenants_tenant_change", args=[agent.tenant.pk]),
+        reverse("admin:tenants_apikey_change", args=[key.pk]),
+        reverse("admin:planning_plan_change", args=[plan.pk]),
+    ]
+    for url in urls:
+        assert admin_browser.get(url).status_code == 200, url
+
+
+def test_a_key_created_in_the_admin_is_shown_once_and_stored_as_a_hash(admin_browser, db):
+    tenant = Tenant.objects.create(slug="umbrella", name="Umbrella")
+    response = admin_browser.post(
+        "/admin/tenants/apikey/add/",
+        {
+            "tenant": tenant.pk,
+            "principal": "agent:admin-made",
+            "name": "made in the admin",
+            "revoked_at_0": "",
+            "revoked_at_1": "",
+        },
+        follow=True,
+    )
+    assert response.redirect_chain, response.content.decode()[:3000]
+    assert response.status_code == 200
+
+    messages = [str(message) for message in response.context["messages"]]
+    shown = [m for m in messages if "New API key" in m]
+    assert len(shown) == 1, messages
+    found = re.search(r"\bth_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}", shown[0])
+    assert found is not None, shown
+    raw = found.group(0)
+    secret = raw[len("th_") + 9 :]  # the part after the public prefix
+    assert [m for m in messages if secret in m] == shown
+    assert response.content.decode().count(secret) == 1
+
+    key = ApiKey.objects.get(principal="agent:admin-made")
+    assert key.tenant == tenant
+    assert raw.startswith(f"th_{key.prefix}_")
+    assert key.key_hash == hashlib.sha256(raw.encode()).hexdigest()
+    stored = " ".join(
+        str(value) for value in ApiKey.objects.filter(pk=key.pk).values().get().values()
+    )
+    assert secret not in stored
+
+    # The key works, and the admin never shows it again.
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert api.get("/api/v1/tools/").status_code == 200
+    for url in ("/admin/tenants/apikey/", reverse("admin:tenants_apikey_change", args=[key.pk])):
+        page = admin_browser.get(url)
+        assert page.status_code == 200
+        assert secret not in page.content.decode()
+
+
+def test_a_key_with_a_malformed_principal_is_refused_by_the_admin_form(admin_browser, db):
+    tenant = Tenant.objects.create(slug="umbrella")
+    response = admin_browser.post(
+        "/admin/tenants/apikey/add/",
+        {
+            "tenant": tenant.pk,
+            "principal": "Not A Principal",
+            "revoked_at_0": "",
+            "revoked_at_1": "",
+        },
+    )
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["principal"]
+    assert not ApiKey.objects.exists()
