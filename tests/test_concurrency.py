@@ -39,4 +39,4 @@ def test_five_concurrent_calls_are_all_inside_their_tool_at_once(test_tools):
             pool.map(lambda _: _invoke(base, agent.key, "test__barrier"), range(BARRIER_PARTIES))
         )
     assert [r["ok"] for r in results] == [True] * BARRIER_PARTIES, results
-    assert sorted(r["result"]["waited"] for r in results) == list(range(BARRIER_PARTIES))  # type: ignore[index]
+    assert sorted(r["result"]["waited"] for r in results) == list(range(BARRIER_PARTIES))

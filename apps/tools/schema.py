@@ -102,9 +102,9 @@ def _require_closed_objects(node: Any, path: str) -> None:
         return
     if not isinstance(node, dict):
         return
-    if node.get("type") == "object" and node.get("additionalProperties", True) is not False:
-        if "properties" in node or path == "$":
-            raise SchemaError(f"{path} must forbid additional properties (extra keys)")
+    is_object = node.get("type") == "object" and ("properties" in node or path == "$")
+    if is_object and node.get("additionalProperties", True) is not False:
+        raise SchemaError(f"{path} must forbid additional properties (extra keys)")
     for key, value in node.items():
         if key == "properties" and isinstance(value, dict):
             for name, sub in value.items():
