@@ -555,7 +555,7 @@ def test_the_global_registry_holds_the_built_in_contracts():
 def test_contracts_are_immutable():
     contract = make_contract()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        contract.name = "other"  # type: ignore[misc]
+        contract.name = "other"
 
 
 def test_a_nested_model_that_ignores_extra_keys_is_refused():
