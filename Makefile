@@ -43,5 +43,5 @@ lint: venv
 # Back to a fresh checkout: var/ holds only regenerable demo state
 # (SQLite DB, secret key, demo API key, openapi.yaml).
 clean:
-	rm -rf $(VENV) var staticfiles .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache *.egg-info
 	find . -path ./.git -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +

@@ -7,17 +7,23 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from toolhub.routing import websocket_urlpatterns  # noqa: E402
+from toolhub.ws_auth import WebSocketAuthStack  # noqa: E402  (needs Django set up first)
+
+if settings.TOOLHUB_EMBEDDED_WORKER:
+    from apps.approvals.worker import start_embedded
+
+    start_embedded()
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),
     }
 )

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "channels",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_tasks_db",
     "apps.tenants",
     "apps.tools",
     "apps.policies",
@@ -197,12 +198,17 @@ SPECTACULAR_SETTINGS = {
     "OAS_VERSION": "3.1.0",
 }
 
+LOG_LEVEL = env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"TOOLHUB_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR; got {LOG_LEVEL!r}"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
 
 # Mail (core__send_email, approval notifications): console unless SMTP is configured.
@@ -225,6 +231,19 @@ MAILERS = {
     )
 }
 DEFAULT_FROM_EMAIL = env_str("TOOLHUB_FROM_EMAIL", "toolhub@localhost")
+
+# The durable queue for approved calls and notifications (Django Tasks, database backend).
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}}
+# Run a task worker inside the web process (the embedded demo); scale-out runs
+# `manage.py toolhub_worker` processes instead.
+TOOLHUB_EMBEDDED_WORKER = env_bool("TOOLHUB_EMBEDDED_WORKER", default=False)
+# Where links in approval notifications point, e.g. https://toolhub.example.com
+TOOLHUB_PUBLIC_URL = env_str("TOOLHUB_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+
+# WebSocket streams: concurrent streams one principal may hold per process, and the
+# close code a refused extra connection gets.
+TOOLHUB_WS_MAX_PER_PRINCIPAL = env_int("TOOLHUB_WS_MAX_PER_PRINCIPAL", 20, minimum=1)
+TOOLHUB_WS_CLOSE_TOO_MANY = 4429
 
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [

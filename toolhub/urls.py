@@ -11,12 +11,14 @@ handler500 = "toolhub.api.json_server_error"
 api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.tools.api.urls")),
     path("", include("apps.invocations.api.urls")),
+    path("", include("apps.approvals.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
+    path("console/", include("apps.approvals.urls")),
     path("api/v1/", include(api_v1)),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),

@@ -1,5 +1,157 @@
-"""Approval requests: calls held for a human decision (built out by the approvals issue).
+"""Approval requests: tool calls held for a human, as a state machine in the database.
 
-Until then the runner's approval gate refuses calls that need a human, with a
-message saying so, rather than running them unapproved.
+pending -> approved | rejected | expired | cancelled; approved -> executing ->
+succeeded | failed. Every transition happens in a transaction that locks the
+row and re-reads the status, so the first decision wins and a second one (two
+operators, a double click, API and admin at once) gets AlreadyDecided.
 """
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from apps.invocations.models import InvocationRecord
+from apps.tenants.models import Tenant
+from apps.tools.models import Tool
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    EXECUTING = "executing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+DECIDABLE = {ApprovalStatus.PENDING}
+OPEN = {ApprovalStatus.PENDING, ApprovalStatus.APPROVED}
+
+
+class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
+    def pending(self) -> ApprovalQuerySet:
+        return self.filter(status=ApprovalStatus.PENDING)
+
+    def overdue(self) -> ApprovalQuerySet:
+        return self.pending().filter(expires_at__lte=timezone.now())
+
+    def visible_to(self, user: Any) -> ApprovalQuerySet:
+        """Approvals in the tenants a staff user operates (all for superusers)."""
+        if getattr(user, "is_superuser", False):
+            return self
+        return self.filter(tenant__in=Tenant.objects.filter(members=user.pk))
+
+    def decidable_by(self, user: Any) -> ApprovalQuerySet:
+        """What a staff user may decide: their tenants, tools they hold decide_approval on.
+
+        Two queries whatever the number of tools or requests.
+        """
+        from guardian.shortcuts import get_objects_for_user
+
+        if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
+            return self.none()
+        tools = get_objects_for_user(
+            user, "tools.decide_approval", klass=Tool, accept_global_perms=True
+        )
+        return (
+            self.visible_to(user)
+            .filter(tool__in=tools.values("pk"))
+            .select_related("tool", "decided_by", "tenant")
+        )
+
+
+class ApprovalRequest(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approvals")
+    invocation = models.OneToOneField(
+        InvocationRecord, on_delete=models.CASCADE, related_name="approval"
+    )
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="approvals")
+    status = models.CharField(
+        max_length=12, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING
+    )
+    principal = models.CharField(max_length=160)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    run_id = models.CharField(max_length=128)
+    tool_call_id = models.CharField(max_length=128)
+    connection_id = models.CharField(max_length=64, blank=True)
+    # The exact arguments that will run. They are the validated, schema-shaped
+    # args (never credentials: those stay behind connection ids).
+    args = models.JSONField()
+    original_args = models.JSONField()
+    args_diff = models.JSONField(default=list, blank=True)
+    bound_hash = models.CharField(
+        max_length=64, help_text="Hash of tool, args and connection that the approval covers."
+    )
+    hold_reason = models.CharField(max_length=300)
+    policy_rule = models.CharField(max_length=300, blank=True)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    four_eyes = models.BooleanField(default=False)
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ApprovalQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"]),
+            models.Index(fields=["status", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_id} for {self.principal} ({self.status})"
+
+    @property
+    def is_expired(self) -> bool:
+        return self.status == ApprovalStatus.PENDING and self.expires_at <= timezone.now()
+
+    @property
+    def seconds_left(self) -> int:
+        return max(0, int((self.expires_at - timezone.now()).total_seconds()))
+
+    @property
+    def approvals_given(self) -> int:
+        return self.votes.filter(decision=Vote.Decision.APPROVE).count()
+
+
+class Vote(models.Model):
+    """One operator's approval toward a quorum (a rejection ends the request at once)."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve"
+        REJECT = "reject"
+
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    bound_hash = models.CharField(max_length=64)
+    reason = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["approval", "user"], name="one_vote_per_operator")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.decision}s {self.approval_id}"

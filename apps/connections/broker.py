@@ -79,6 +79,12 @@ class HttpClient:
             raise ToolError("The remote server did not answer in time.") from None
         except OSError as exc:
             raise ToolError(f"The request failed: {type(exc).__name__}.") from None
+        except ValueError:
+            # http.client quotes the offending header value (the credential, or a tool's
+            # argument) in its message: never let it reach a log or a result.
+            raise ToolError(
+                "The request could not be sent: a header or the URL is malformed."
+            ) from None
         return {
             "status": response.status,
             "content_type": response.headers.get("content-type", ""),

@@ -46,7 +46,8 @@ def address_problem(ip: IPAddress, allow_private: bool) -> str | None:
         return "a cloud metadata address"
     if ip.is_link_local:
         return "a link-local address"
-    if ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+    # ::1 lies in ::/8, which Python counts as reserved: loopback is judged below, as private.
+    if ip.is_multicast or ip.is_unspecified or (ip.is_reserved and not ip.is_loopback):
         return "a reserved address"
     private = ip.is_loopback or ip.is_private or ip in SHARED_ADDRESS_SPACE
     if private and not allow_private:

@@ -47,6 +47,14 @@ class EventMessage(TypedDict):
     safeMessage: NotRequired[str]
     durationMs: NotRequired[int]
     invocationId: NotRequired[str]
+    approvalId: NotRequired[str]
+    effect: NotRequired[str]
+    consequenceLevel: NotRequired[str]
+    decision: NotRequired[str]
+    decidedBy: NotRequired[str | None]
+    reason: NotRequired[str]
+    expiresAt: NotRequired[str]
+    argsEdited: NotRequired[bool]
 
 
 def run_group(tenant_id: int, run_id: str) -> str:
@@ -100,9 +108,15 @@ def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    envelope = {"type": "run.event", "event": message}
     try:
-        async_to_sync(layer.group_send)(run_group(tenant_id, run_id), envelope)
+        async_to_sync(layer.group_send)(
+            run_group(tenant_id, run_id), {"type": "run.event", "event": message}
+        )
+        if message["type"].startswith("approval_"):
+            # Operators follow approvals across runs on their tenant's stream.
+            async_to_sync(layer.group_send)(
+                tenant_group(tenant_id), {"type": "approval.event", "event": message}
+            )
     except Exception:
         # The event is already persisted: a subscriber that missed the push
         # catches up by replaying after its last sequence number.

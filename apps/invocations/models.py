@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from datetime import timedelta
 
@@ -78,6 +80,7 @@ class InvocationRecord(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
 
     objects = InvocationRecordQuerySet.as_manager()
 
@@ -148,3 +151,52 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
+    def issue(
+        self, tenant: Tenant, principal: str, user_id: int, run_id: str
+    ) -> tuple[StreamTicket, str]:
+        raw = secrets.token_urlsafe(32)
+        ticket = self.create(
+            tenant=tenant,
+            principal=principal,
+            user_id=user_id,
+            run_id=run_id,
+            token_hash=hashlib.sha256(raw.encode()).hexdigest(),
+            expires_at=timezone.now() + STREAM_TICKET_TTL,
+        )
+        return ticket, raw
+
+    def redeem(self, raw: str) -> StreamTicket | None:
+        """The ticket, marked used, if it was unused and unexpired; else None (single use)."""
+        if not raw or len(raw) > 100:
+            return None
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+        now = timezone.now()
+        claimed = self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now).update(
+            used_at=now
+        )
+        return self.select_related("tenant").filter(token_hash=digest).first() if claimed else None
+
+
+STREAM_TICKET_TTL = timedelta(seconds=60)
+
+
+class StreamTicket(models.Model):
+    """A short-lived, single-use pass to one run's event stream, for clients that
+    cannot set headers on a WebSocket handshake (browsers)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    principal = models.CharField(max_length=160)
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="+")
+    run_id = models.CharField(max_length=128)
+    token_hash = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = StreamTicketQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"ticket for {self.run_id} ({self.principal})"

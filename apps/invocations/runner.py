@@ -1,7 +1,9 @@
 """The runner: the one path every tool call takes (TOOLS_VIA_TOOLRUNNER).
 
-REST, wire-format batches, MCP and resumed approvals all call `invoke`. It reads
-as the numbered pipeline of DESIGN.md, one small step per function:
+REST, wire-format batches and MCP call `invoke`; an approved call comes back
+through `resume`, which re-runs the checks and continues at step 8; a held call
+that will never run (rejected, expired, cancelled) ends through `end_held`.
+It reads as the numbered pipeline of DESIGN.md, one small step per function:
 
   1 lookup_tool          unavailable
   2 check_policy         policy_denied, rate_limited
@@ -29,10 +31,10 @@ import json
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -40,6 +42,8 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
+from apps.approvals import notify
+from apps.approvals.models import ApprovalRequest
 from apps.connections.models import Connection, Grant
 from apps.connections.permissions import can_use_connection
 from apps.invocations import events
@@ -155,16 +159,68 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
         replay = find_replay(call)
         if replay is not None:
             return replay
-        hold_for_approval(call)
+        held = hold_for_approval(call)
+        if held is not None:
+            return held
         winner = record_start(call)
         if winner is not None:
             return winner
+        return run_started(call)
+    except Refusal as refusal:
+        return record_refusal(call, refusal)
+
+
+def resume(approval: ApprovalRequest) -> InvocationRecord:
+    """Run an approved call: same checks again (the world may have changed while it
+    waited), the approved args bound by hash, then steps 8-13 on its record."""
+    call = _call_for(approval, args=approval.args)
+    try:
+        lookup_tool(call)
+        check_policy(call)
+        check_permission(call)
+        check_connection(call)
+        validate_args(call)
+        apply_rules(call)
+        if call.request_hash != approval.bound_hash:
+            raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
+        record_start(call)
+        return run_started(call)
+    except Refusal as refusal:
+        return record_refusal(call, refusal)
+
+
+def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:
+    """A held call that will not run: its record ends with `code`, events included."""
+    call = _call_for(approval, args=approval.args)
+    call.tool, call.registered = approval.tool, registry.get(approval.tool_id)
+    return record_refusal(call, Refusal(code, safe_message))
+
+
+def run_started(call: Call) -> InvocationRecord:
+    """Steps 9-13 for a call whose start is recorded."""
+    try:
         capabilities = bind_capabilities(call)
         output = execute(call, capabilities)
         result = validate_output(call, output)
         return record_result(call, redact_result(call, result))
     except Refusal as refusal:
         return record_refusal(call, refusal)
+
+
+def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
+    caller = Caller(
+        tenant=approval.tenant, principal=approval.principal, user=approval.requested_by
+    )
+    request = InvocationRequest(
+        tool_id=approval.tool_id,
+        args=args,
+        tool_call_id=approval.tool_call_id,
+        run_id=approval.run_id,
+        connection_id=approval.connection_id or None,
+    )
+    call = Call.receive(caller, request)
+    call.record = approval.invocation
+    return call
 
 
 # ---------------------------------------------------------------- steps 1-7
@@ -256,15 +312,19 @@ def validate_args(call: Call) -> None:
     try:
         call.params = call.registered.contract.params.model_validate_json(encoded, strict=True)
     except ValidationError as exc:
-        raise Refusal(ErrorCode.VALIDATION, _explain(exc)) from None
-    canonical = json.dumps(
-        [call.tool.id, call.params.model_dump(mode="json"), call.request.connection_id or ""],
-        sort_keys=True,
+        raise Refusal(ErrorCode.VALIDATION, explain_validation(exc)) from None
+    call.request_hash = request_hash(
+        call.tool.id, call.params.model_dump(mode="json"), call.connection_id
     )
-    call.request_hash = hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _explain(exc: ValidationError) -> str:
+def request_hash(tool_id: str, args: dict[str, Any], connection_id: str) -> str:
+    """What an idempotency key and an approval are bound to: tool, args, connection."""
+    canonical = json.dumps([tool_id, args, connection_id or ""], sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def explain_validation(exc: ValidationError) -> str:
     """Which fields are wrong and why, without echoing their values."""
     problems = []
     for error in exc.errors(include_input=False, include_url=False)[:5]:
@@ -282,6 +342,21 @@ def apply_rules(call: Call) -> None:
     )
     if not call.decision.allowed:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
+
+
+def _idempotency_winner(call: Call) -> InvocationRecord:
+    """A concurrent call claimed the same key first: replay it, if it is the same call."""
+    winner = InvocationRecord.objects.get(
+        tenant=call.caller.tenant, idempotency_key=call.request.idempotency_key
+    )
+    if winner.request_hash != call.request_hash:
+        call.request = call.request.model_copy(update={"idempotency_key": None})
+        raise Refusal(
+            ErrorCode.VALIDATION,
+            "This idempotencyKey was already used for a different call "
+            "(tool, arguments or connection).",
+        )
+    return winner
 
 
 def find_replay(call: Call) -> InvocationRecord | None:
@@ -303,17 +378,66 @@ def find_replay(call: Call) -> InvocationRecord | None:
     return existing
 
 
-def hold_for_approval(call: Call) -> None:
-    """7. The approval gate: calls that need a human never run unapproved.
-
-    Held calls arrive with the approvals issue; until then they are refused.
-    """
-    assert call.tool is not None and call.decision is not None
-    if call.tool.requires_confirmation or call.decision.requires_approval:
-        raise Refusal(
-            ErrorCode.POLICY_DENIED,
-            f"{call.tool.id} needs a human approval, and approvals are not enabled on this server.",
-        )
+def hold_for_approval(call: Call) -> InvocationRecord | None:
+    """7. The approval gate: a call that needs a human is recorded as pending_approval
+    with an ApprovalRequest bound to its exact tool, args and connection."""
+    assert call.tool is not None and call.decision is not None and call.params is not None
+    tool, decision = call.tool, call.decision
+    if not (tool.requires_confirmation or decision.requires_approval):
+        return None
+    terms = decision.approval
+    reason = (
+        decision.reason
+        if decision.requires_approval
+        else f"{tool.id} asks for confirmation of every call."
+    )
+    args = call.params.model_dump(mode="json")
+    try:
+        with transaction.atomic():
+            call.record = InvocationRecord.objects.create(
+                **_record_fields(call),
+                idempotency_key=call.request.idempotency_key,
+                status=Status.PENDING_APPROVAL,
+            )
+            approval = ApprovalRequest.objects.create(
+                tenant=call.caller.tenant,
+                invocation=call.record,
+                tool=tool,
+                principal=call.caller.principal,
+                requested_by=call.caller.user,
+                run_id=call.run_id,
+                tool_call_id=call.tool_call_id,
+                connection_id=call.connection_id,
+                args=args,
+                original_args=args,
+                bound_hash=call.request_hash,
+                hold_reason=reason[:300],
+                policy_rule=decision.rule if decision.requires_approval else "",
+                approvals_required=(
+                    terms.high_consequence_quorum if tool.consequence_level == "high" else 1
+                ),
+                four_eyes=terms.four_eyes,
+                expires_at=timezone.now() + timedelta(minutes=terms.timeout_minutes),
+            )
+            events.emit(
+                call.caller.tenant,
+                call.run_id,
+                "approval_required",
+                tool_call_id=call.tool_call_id,
+                tool_id=tool.id,
+                approvalId=str(approval.pk),
+                args=call.record.args,
+                effect=tool.effect,
+                consequenceLevel=tool.consequence_level,
+                reason=approval.hold_reason,
+                expiresAt=approval.expires_at.isoformat().replace("+00:00", "Z"),
+                invocationId=str(call.record.pk),
+            )
+    except IntegrityError:
+        call.record = None
+        return _idempotency_winner(call)
+    transaction.on_commit(lambda: notify.pending(approval))
+    return call.record
 
 
 # ---------------------------------------------------------------- steps 8-13
@@ -326,6 +450,14 @@ def record_start(call: Call) -> InvocationRecord | None:
     """
     assert call.tool is not None
     now = timezone.now()
+    if call.record is not None:  # a held call, now approved (perhaps with edited args)
+        call.record.status = Status.RUNNING
+        call.record.started_at = now
+        call.record.args = call.redacted_args()
+        call.record.request_hash = call.request_hash
+        call.record.save(update_fields=["status", "started_at", "args", "request_hash"])
+        _emit_start(call, now)
+        return None
     try:
         with transaction.atomic():
             call.record = InvocationRecord.objects.create(
@@ -336,9 +468,7 @@ def record_start(call: Call) -> InvocationRecord | None:
             )
     except IntegrityError:
         call.record = None
-        return InvocationRecord.objects.get(
-            tenant=call.caller.tenant, idempotency_key=call.request.idempotency_key
-        )
+        return _idempotency_winner(call)
     _emit_start(call, now)
     return None
 
@@ -354,7 +484,15 @@ def bind_capabilities(call: Call) -> Capabilities:
         connection_id=call.connection_id or None,
         deadline=time.monotonic() + call.timeout_s,
     )
-    return bind(call.registered.contract.capabilities, call.caller.tenant, call.context)
+    try:
+        return bind(call.registered.contract.capabilities, call.caller.tenant, call.context)
+    except ToolError as exc:
+        raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
+    except Exception as exc:
+        # e.g. a secret no configured key decrypts: the operator needs the log, the
+        # model only needs to know the call could not be prepared.
+        logger.error("capabilities for %s failed: %s", call.tool_ref, type(exc).__name__)
+        raise Refusal(ErrorCode.EXECUTION, "The tool's resources could not be prepared.") from None
 
 
 def execute(call: Call, capabilities: Capabilities) -> Any:
@@ -368,8 +506,9 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
     )
     try:
-        return future.result(timeout=call.timeout_s)
+        return _wait(call, future)
     except FutureTimeout:
+        future.cancel()  # still queued for a thread: then it never starts
         call.context._cancel.set()
         raise Refusal(
             ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s."
@@ -383,6 +522,25 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         )
         logger.debug("tool failure", exc_info=True)
         raise Refusal(ErrorCode.EXECUTION, "The tool failed unexpectedly.") from None
+
+
+CANCEL_POLL_S = 0.25
+
+
+def _wait(call: Call, future: Future[Any]) -> Any:
+    """The tool's result, polling for a cancellation request (POST .../cancel/) meanwhile."""
+    assert call.context is not None and call.record is not None
+    while True:
+        remaining = call.context.time_left()
+        if remaining <= 0:
+            raise FutureTimeout
+        try:
+            return future.result(timeout=min(remaining, CANCEL_POLL_S))
+        except FutureTimeout:
+            if InvocationRecord.objects.filter(pk=call.record.pk, cancel_requested=True).exists():
+                future.cancel()
+                call.context._cancel.set()
+                raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
 
 
 def _run_tool(execute_fn: Any, params: Any, ctx: ToolContext, caps: Capabilities) -> Any:
@@ -437,6 +595,9 @@ def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
             **_record_fields(call), status=Status.FAILED, started_at=call.received_at
         )
         _emit_start(call, call.received_at)
+    elif call.record.started_at is None:  # a held call that ends without running
+        call.record.started_at = timezone.now()
+        _emit_start(call, call.record.started_at)
     return _finish(call, ok=False, refusal=refusal)
 
 
@@ -468,7 +629,8 @@ def _finish(
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
     record.ok = ok
     record.result = result
-    record.status = Status.SUCCEEDED if ok else Status.FAILED
+    cancelled = refusal is not None and refusal.code == ErrorCode.CANCELLED
+    record.status = Status.SUCCEEDED if ok else Status.CANCELLED if cancelled else Status.FAILED
     if refusal is not None:
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message

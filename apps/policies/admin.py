@@ -20,7 +20,7 @@ class PolicyForm(forms.ModelForm[Policy]):
         fields = [
             "tenant", "name", "description", "enabled", "group", "principal", "tools",
             "tool_patterns", "approval_effects", "max_runtime_ms", "max_result_bytes",
-            "calls_per_minute",
+            "calls_per_minute", "approval_timeout_minutes", "four_eyes", "high_consequence_quorum",
         ]  # fmt: skip
 
 
@@ -43,4 +43,8 @@ class PolicyAdmin(admin.ModelAdmin[Policy]):
         ("Who it applies to", {"fields": ("group", "principal")}),
         ("What it allows", {"fields": ("tools", "tool_patterns", "approval_effects")}),
         ("Budgets", {"fields": ("max_runtime_ms", "max_result_bytes", "calls_per_minute")}),
+        (
+            "Human approval",
+            {"fields": ("approval_timeout_minutes", "four_eyes", "high_consequence_quorum")},
+        ),
     )

@@ -13,6 +13,7 @@ import re
 
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.policies import conditions
@@ -94,6 +95,19 @@ class Policy(models.Model):
         null=True,
         blank=True,
         help_text="Budget: calls per minute per principal (rate_limited beyond).",
+    )
+    approval_timeout_minutes = models.PositiveIntegerField(
+        default=15,
+        validators=[MinValueValidator(1), MaxValueValidator(7 * 24 * 60)],
+        help_text="A held call not decided in time expires and never runs.",
+    )
+    four_eyes = models.BooleanField(
+        default=False, help_text="Nobody may approve a call made under their own principal."
+    )
+    high_consequence_quorum = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(5)],
+        help_text="Approvals needed for calls of high-consequence tools.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

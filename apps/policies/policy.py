@@ -36,11 +36,21 @@ class Budgets:
 
 
 @dataclass(frozen=True)
+class ApprovalTerms:
+    """How a held call is decided: the strictest terms of the policies admitting it."""
+
+    timeout_minutes: int = 15
+    four_eyes: bool = False
+    high_consequence_quorum: int = 1
+
+
+@dataclass(frozen=True)
 class Decision:
     outcome: OutcomeName
     rule: str  # which policy or rule decided; recorded with the call
     reason: str
     budgets: Budgets = field(default_factory=Budgets)
+    approval: ApprovalTerms = field(default_factory=ApprovalTerms)
 
     @property
     def allowed(self) -> bool:
@@ -98,7 +108,7 @@ class Evaluator:
                 return Decision("deny", candidates[0][1], candidates[0][2])
             return Decision("deny", DEFAULT_DENY, f"No policy of this tenant allows {tool.id}.")
         outcome, label, reason = max(candidates, key=lambda c: PRECEDENCE[c[0]])
-        return Decision(outcome, label, reason, _budgets(admitting))  # type: ignore[arg-type]
+        return Decision(outcome, label, reason, _budgets(admitting), _terms(admitting))  # type: ignore[arg-type]
 
     def _apply(
         self, rule: PolicyRule, tool: Tool, args: dict[str, Any] | None, run_id: str
@@ -127,6 +137,16 @@ class Evaluator:
             return None
         reason = rule.description or f"Rule matched: {rule.condition[:200]}"
         return (rule.outcome, rule.label, reason)
+
+
+def _terms(policies: list[Policy]) -> ApprovalTerms:
+    if not policies:
+        return ApprovalTerms()
+    return ApprovalTerms(
+        timeout_minutes=min(p.approval_timeout_minutes for p in policies),
+        four_eyes=any(p.four_eyes for p in policies),
+        high_consequence_quorum=max(p.high_consequence_quorum for p in policies),
+    )
 
 
 def _budgets(policies: list[Policy]) -> Budgets:

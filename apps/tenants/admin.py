@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -9,9 +10,27 @@ from django.http import HttpRequest
 from apps.tenants.models import ApiKey, Tenant
 
 
+class TenantForm(forms.ModelForm[Tenant]):
+    webhook_secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput,
+        help_text="Signing secret for the approval webhook (write-only; blank keeps it).",
+    )
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "members", "approval_webhook_url"]
+
+    def save(self, commit: bool = True) -> Tenant:
+        if self.cleaned_data.get("webhook_secret"):
+            self.instance.set_webhook_secret(self.cleaned_data["webhook_secret"])
+        return super().save(commit)
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin[Tenant]):
-    list_display = ("slug", "name", "created_at")
+    form = TenantForm
+    list_display = ("slug", "name", "approval_webhook_url", "created_at")
     search_fields = ("slug", "name")
     filter_horizontal = ("members",)
 

@@ -32,6 +32,12 @@ class Tenant(models.Model):
         related_name="tenants",
         help_text="Staff users who operate this tenant (approve its calls, read its records).",
     )
+    approval_webhook_url = models.URLField(
+        blank=True, help_text="POSTed a signed JSON notice for every new pending approval."
+    )
+    approval_webhook_secret = models.TextField(
+        blank=True, editable=False, help_text="Encrypted signing secret for the webhook."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -39,6 +45,11 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def set_webhook_secret(self, secret: str) -> None:
+        from apps.connections import crypto
+
+        self.approval_webhook_secret = crypto.encrypt({"secret": secret}) if secret else ""
 
 
 def _hash_key(raw: str) -> str:

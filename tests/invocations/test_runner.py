@@ -188,14 +188,17 @@ def test_a_small_result_is_returned(tester):
     assert ok_result(tester.invoke("test__big_output", args={"size": 1000})) == {"blob": "x" * 1000}
 
 
-def test_a_tool_that_needs_confirmation_is_refused_while_approvals_are_not_built(tester):
+def test_a_tool_that_needs_confirmation_is_held_for_a_human(tester):
     response = tester.invoke("test__confirm", args={})
-    code, message = failure(response)
-    assert code == "policy_denied"
-    assert "approval" in message
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "pending_approval"
+    assert body["approvalId"]
+    assert "ok" not in body and "result" not in body
     record = record_of(response)
-    assert record.policy_rule.startswith("policy:")
-    assert record.error_code == "policy_denied"
+    assert record.status == "pending_approval"
+    assert record.started_at is None
+    assert record.approval.status == "pending"
 
 
 # ---------------------------------------------------------------- toolCallId and runId

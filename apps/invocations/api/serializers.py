@@ -30,6 +30,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
     startedAt = serializers.DateTimeField(source="started_at", required=False, allow_null=True)
     endedAt = serializers.DateTimeField(source="ended_at", required=False, allow_null=True)
     durationMs = serializers.IntegerField(source="duration_ms", required=False, allow_null=True)
+    approvalId = serializers.SerializerMethodField()
 
     OPTIONAL = (
         "ok",
@@ -39,6 +40,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "connectionId",
         "idempotencyKey",
         "policyRule",
+        "approvalId",
     )
 
     class Meta:
@@ -46,8 +48,12 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         fields = [
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
             "safeMessage", "args", "principal", "connectionId", "idempotencyKey", "policyRule",
-            "createdAt", "startedAt", "endedAt", "durationMs",
+            "createdAt", "startedAt", "endedAt", "durationMs", "approvalId",
         ]  # fmt: skip
+
+    def get_approvalId(self, record: InvocationRecord) -> str | None:
+        approval = getattr(record, "approval", None)  # reverse one-to-one: absent -> None
+        return str(approval.pk) if approval is not None else None
 
     def to_representation(self, instance: InvocationRecord) -> dict[str, Any]:
         data = super().to_representation(instance)

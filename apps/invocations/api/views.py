@@ -8,7 +8,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.invocations import runner
+from apps.invocations import cancellation, runner
 from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
@@ -80,4 +80,23 @@ class InvocationDetailView(CallerView):
         record = _records_of(self.caller(request)).filter(pk=invocation_id).first()
         if record is None:
             raise NotFound("No such invocation in your tenant.")
+        return Response(InvocationSerializer(record).data)
+
+
+class InvocationCancelView(CallerView):
+    @extend_schema(
+        operation_id="invocations_cancel",
+        summary="Cancel a held, queued or running call",
+        request=None,
+        responses={200: InvocationSerializer, 409: OpenApiResponse(description="Already finished")},
+    )
+    def post(self, request: Request, invocation_id: str) -> Response:
+        caller = self.caller(request)
+        record = _records_of(caller).filter(pk=invocation_id).first()
+        if record is None:
+            raise NotFound("No such invocation in your tenant.")
+        try:
+            record = cancellation.cancel(record, by=caller.principal)
+        except cancellation.NotCancellable as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return Response(InvocationSerializer(record).data)

@@ -1,0 +1,248 @@
+"""Deciding held calls: approve (optionally with edited args), reject, expire, cancel.
+
+Each operation locks the approval row inside a transaction and re-reads its
+status, so exactly one decision wins; the losers get AlreadyDecided (HTTP 409).
+An approval is bound to a hash of tool, args and connection; edited args are
+validated and re-checked by policy before they can be approved, and the runner
+refuses to run anything whose hash differs from the approved one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+from pydantic import ValidationError
+
+from apps.approvals import tasks
+from apps.approvals.models import ApprovalRequest, ApprovalStatus, Vote
+from apps.invocations import events, runner
+from apps.invocations.models import ErrorCode, Status
+from apps.policies.policy import Evaluator
+from apps.tenants.callers import Caller
+from apps.tools.permissions import can_decide
+from apps.tools.registry import registry
+
+
+class DecisionError(Exception):
+    status_code = 400
+
+
+class NotFound(DecisionError):
+    status_code = 404
+
+
+class NotAllowed(DecisionError):
+    status_code = 403
+
+
+class AlreadyDecided(DecisionError):
+    status_code = 409
+
+
+class InvalidEdit(DecisionError):
+    status_code = 400
+
+
+def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
+    query = ApprovalRequest.objects.select_for_update().select_related(
+        "tool", "tenant", "invocation", "requested_by"
+    )
+    if user is not None:
+        query = query.filter(pk__in=ApprovalRequest.objects.visible_to(user).values("pk"))
+    approval = query.filter(pk=approval_id).first()
+    if approval is None:
+        raise NotFound("No such approval request in your tenants.")
+    return approval
+
+
+def expire_if_overdue(approval_id: Any) -> bool:
+    """Move an overdue pending request to expired (never executed); True if it did."""
+    with transaction.atomic():
+        approval = _locked(approval_id, None)
+        if not approval.is_expired:
+            return False
+        _close(approval, ApprovalStatus.EXPIRED, None, "The approval request expired.")
+        runner.end_held(
+            approval,
+            ErrorCode.APPROVAL_EXPIRED,
+            "Nobody decided on this call in time; it did not run.",
+        )
+    return True
+
+
+def decide(
+    approval_id: Any,
+    user: User,
+    decision: str,
+    reason: str = "",
+    args: dict[str, Any] | None = None,
+) -> ApprovalRequest:
+    """Approve or reject; `args` approves edited arguments. First decision wins."""
+    expire_if_overdue_safely(approval_id)
+    with transaction.atomic():
+        approval = _locked(approval_id, user)
+        if approval.status != ApprovalStatus.PENDING:
+            raise AlreadyDecided(f"This request is already {approval.status}.")
+        if not can_decide(user, approval.tool):
+            raise NotAllowed(f"You may not decide calls of {approval.tool_id} (decide_approval).")
+        if approval.four_eyes and _is_requester(user, approval):
+            raise NotAllowed("Four-eyes rule: you cannot approve or reject your own call.")
+        if decision == "reject":
+            _reject(approval, user, reason)
+        elif decision == "approve":
+            _approve(approval, user, reason, args)
+        else:
+            raise InvalidEdit("decision must be approve or reject")
+    return approval
+
+
+def expire_if_overdue_safely(approval_id: Any) -> None:
+    # An unknown id is reported by the decision itself, with the user's view of it.
+    with contextlib.suppress(NotFound):
+        expire_if_overdue(approval_id)
+
+
+def cancel(approval_id: Any, *, by: str, user: User | None) -> ApprovalRequest:
+    """Cancel a call that has not started: pending or approved-but-queued."""
+    expire_if_overdue_safely(approval_id)
+    with transaction.atomic():
+        approval = _locked(approval_id, user)
+        if approval.status not in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED):
+            raise AlreadyDecided(f"This call cannot be cancelled: it is {approval.status}.")
+        _close(approval, ApprovalStatus.CANCELLED, user, f"Cancelled by {by}.", decided_by=by)
+        runner.end_held(approval, ErrorCode.CANCELLED, f"The call was cancelled by {by}.")
+    return approval
+
+
+def _is_requester(user: User, approval: ApprovalRequest) -> bool:
+    return (
+        user.pk == approval.requested_by_id or approval.principal == f"user:{user.get_username()}"
+    )
+
+
+def _reject(approval: ApprovalRequest, user: User, reason: str) -> None:
+    reason = reason.strip() or "Rejected by an operator."
+    Vote.objects.create(
+        approval=approval,
+        user=user,
+        decision=Vote.Decision.REJECT,
+        bound_hash=approval.bound_hash,
+        reason=reason,
+    )
+    _close(approval, ApprovalStatus.REJECTED, user, reason)
+    # The reason reaches the caller and the model as the tool result's safeMessage.
+    runner.end_held(approval, ErrorCode.APPROVAL_REJECTED, reason[:1000])
+
+
+def _approve(
+    approval: ApprovalRequest, user: User, reason: str, args: dict[str, Any] | None
+) -> None:
+    if args is not None and args != approval.args:
+        _apply_edit(approval, args)
+    Vote.objects.update_or_create(
+        approval=approval,
+        user=user,
+        defaults={
+            "decision": Vote.Decision.APPROVE,
+            "bound_hash": approval.bound_hash,
+            "reason": reason,
+        },
+    )
+    given = approval.votes.filter(
+        decision=Vote.Decision.APPROVE, bound_hash=approval.bound_hash
+    ).count()
+    if given < approval.approvals_required:
+        approval.save()
+        return  # the quorum is not reached yet; the request stays pending
+    _close(approval, ApprovalStatus.APPROVED, user, reason.strip())
+    record = approval.invocation
+    record.status = Status.QUEUED
+    record.save(update_fields=["status"])
+    # Same transaction as the approval: the queue entry exists iff the approval does.
+    tasks.run_approved_call.enqueue(str(approval.pk))
+
+
+def _apply_edit(approval: ApprovalRequest, args: dict[str, Any]) -> None:
+    """Edited args: validated against the schema and re-checked by policy first."""
+    registered = registry.get(approval.tool_id)
+    if registered is None:
+        raise InvalidEdit("The tool is no longer available.")
+    try:
+        params = registered.contract.params.model_validate_json(json.dumps(args), strict=True)
+    except ValidationError as exc:
+        raise InvalidEdit(runner.explain_validation(exc)) from None
+    validated = params.model_dump(mode="json")
+    caller = Caller(
+        tenant=approval.tenant, principal=approval.principal, user=approval.requested_by
+    )
+    verdict = Evaluator(caller.tenant, caller.principal, caller.user).decide(
+        approval.tool, args=validated, run_id=approval.run_id
+    )
+    if not verdict.allowed:
+        raise InvalidEdit(f"Policy refuses the edited arguments: {verdict.reason}")
+    approval.args_diff = diff(approval.original_args, validated)
+    approval.args = validated
+    approval.bound_hash = runner.request_hash(approval.tool_id, validated, approval.connection_id)
+
+
+def _close(
+    approval: ApprovalRequest,
+    status: ApprovalStatus,
+    user: User | None,
+    reason: str,
+    decided_by: str | None = None,
+) -> None:
+    approval.status = status
+    approval.decided_by = user
+    approval.decided_at = timezone.now()
+    approval.decision_reason = reason[:1000]
+    approval.save()
+    who = decided_by or (user.get_username() if user else None)
+    events.emit(
+        approval.tenant,
+        approval.run_id,
+        "approval_decided",
+        tool_call_id=approval.tool_call_id,
+        tool_id=approval.tool_id,
+        approvalId=str(approval.pk),
+        decision=_DECISION_WORD[status],
+        decidedBy=who,
+        reason=approval.decision_reason,
+        argsEdited=bool(approval.args_diff),
+    )
+
+
+_DECISION_WORD = {
+    ApprovalStatus.APPROVED: "approve",
+    ApprovalStatus.REJECTED: "reject",
+    ApprovalStatus.EXPIRED: "expire",
+    ApprovalStatus.CANCELLED: "cancel",
+}
+
+
+def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Top-level changes between two argument objects, for the record and the console."""
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key, _MISSING) != after.get(key, _MISSING):
+            changes.append(
+                {
+                    "field": key,
+                    "before": before.get(key),
+                    "after": after.get(key),
+                    "change": "added"
+                    if key not in before
+                    else "removed"
+                    if key not in after
+                    else "changed",
+                }
+            )
+    return changes
+
+
+_MISSING = object()

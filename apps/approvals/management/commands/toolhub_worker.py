@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from apps.approvals.worker import Sweeper, build_worker
+
+
+class Command(BaseCommand):
+    help = (
+        "Run approved tool calls and notifications from the durable queue, and expire "
+        "overdue approvals. Run as many as you like, on any machine sharing the database."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
+        parser.add_argument("--worker-id", default=None)
+        parser.add_argument("--batch", action="store_true", help="exit when the queue is empty")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        worker = build_worker(
+            options["worker_id"], interval=options["interval"], batch=options["batch"]
+        )
+        worker.configure_signals()
+        sweeper = Sweeper()
+        sweeper.start()
+        try:
+            worker.run()
+        finally:
+            sweeper.stopped.set()

@@ -1,0 +1,87 @@
+"""Durable background work for approvals (Django Tasks, database backend).
+
+Tasks take ids, not objects, and check state before acting, so running one
+twice is harmless: an approved call is claimed (approved -> executing) in a
+transaction before it runs, and a claimed call is never run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.tasks import task
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+# An approved call still unclaimed after this long lost its queue entry (a worker
+# died holding it): the sweeper enqueues it again.
+ORPHAN_AFTER = timedelta(seconds=60)
+
+
+@task()
+def run_approved_call(approval_id: str) -> str:
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations import runner
+
+    with transaction.atomic():
+        approval = (
+            ApprovalRequest.objects.select_for_update()
+            .select_related("tool", "tenant", "invocation", "requested_by")
+            .filter(pk=approval_id)
+            .first()
+        )
+        if approval is None or approval.status != ApprovalStatus.APPROVED:
+            return approval.status if approval else "missing"
+        approval.status = ApprovalStatus.EXECUTING
+        approval.save(update_fields=["status"])
+    record = runner.resume(approval)
+    approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
+    approval.save(update_fields=["status"])
+    return str(approval.status)
+
+
+@task()
+def notify_pending(approval_id: str) -> int:
+    from apps.approvals import notify
+    from apps.approvals.models import ApprovalRequest
+
+    approval = (
+        ApprovalRequest.objects.select_related("tool", "tenant").filter(pk=approval_id).first()
+    )
+    if approval is None:
+        return 0
+    return notify.send_pending(approval)
+
+
+def sweep() -> dict[str, int]:
+    """Expire overdue requests; re-enqueue approved calls whose queue entry was lost."""
+    from apps.approvals import decisions
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+    expired = sum(
+        decisions.expire_if_overdue(pk)
+        for pk in ApprovalRequest.objects.overdue().values_list("pk", flat=True)[:500]
+    )
+    from django.tasks import TaskResultStatus
+    from django_tasks_db.models import DBTaskResult
+
+    waiting = {
+        entry["args"][0]
+        for entry in DBTaskResult.objects.filter(
+            status=TaskResultStatus.READY, task_path=run_approved_call.module_path
+        ).values_list("args_kwargs", flat=True)
+    }
+    orphaned = [
+        pk
+        for pk in ApprovalRequest.objects.filter(
+            status=ApprovalStatus.APPROVED, decided_at__lte=timezone.now() - ORPHAN_AFTER
+        ).values_list("pk", flat=True)[:500]
+        if str(pk) not in waiting
+    ]
+    for pk in orphaned:
+        logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
+        run_approved_call.enqueue(str(pk))
+    return {"expired": expired, "requeued": len(orphaned)}

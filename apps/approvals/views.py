@@ -1,0 +1,93 @@
+"""The operator console: a live queue, a detail page to decide, and the history."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.db.models import Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from apps.approvals import decisions
+from apps.approvals.forms import DecisionForm
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+
+def _pending(request: HttpRequest) -> list[ApprovalRequest]:
+    return list(ApprovalRequest.objects.decidable_by(request.user).pending().order_by("created_at"))
+
+
+@staff_member_required
+def queue(request: HttpRequest) -> HttpResponse:
+    return render(request, "approvals/queue.html", {"approvals": _pending(request)})
+
+
+@staff_member_required
+def queue_rows(request: HttpRequest) -> HttpResponse:
+    """The queue's rows alone, for the page's live refresh."""
+    return render(request, "approvals/_rows.html", {"approvals": _pending(request)})
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
+    decisions.expire_if_overdue_safely(approval_id)
+    approval = ApprovalRequest.objects.decidable_by(request.user).filter(pk=approval_id).first()
+    if approval is None:
+        raise Http404("No such approval request that you may decide.")
+    form = DecisionForm(request.POST or None, initial={"args": json.dumps(approval.args, indent=2)})
+    if request.method == "POST" and form.is_valid():
+        action = form.cleaned_data["action"]
+        try:
+            decisions.decide(
+                approval.pk,
+                request.user,  # type: ignore[arg-type]
+                "reject" if action == "reject" else "approve",
+                form.cleaned_data.get("reason", ""),
+                form.cleaned_data.get("edited") if action == "edit" else None,
+            )
+        except decisions.DecisionError as exc:
+            messages.error(request, str(exc))
+            return redirect("console:detail", approval_id=approval.pk)
+        verb = {"approve": "Approved", "edit": "Approved with edits", "reject": "Rejected"}[action]
+        messages.success(request, f"{verb}: {approval.tool_id} for {approval.principal}.")
+        return redirect("console:queue")
+    context = {
+        "approval": approval,
+        "form": form,
+        "args_pretty": json.dumps(approval.args, indent=2, ensure_ascii=False),
+        "decided": approval.status != ApprovalStatus.PENDING,
+        "votes": approval.votes.select_related("user"),
+    }
+    return render(request, "approvals/detail.html", context)
+
+
+@staff_member_required
+def history(request: HttpRequest) -> HttpResponse:
+    approvals = ApprovalRequest.objects.decidable_by(request.user).exclude(
+        status=ApprovalStatus.PENDING
+    )
+    query = request.GET.get("q", "").strip()
+    if query:
+        approvals = approvals.filter(
+            Q(tool__id__icontains=query)
+            | Q(principal__icontains=query)
+            | Q(decision_reason__icontains=query)
+            | Q(run_id__icontains=query)
+            | Q(decided_by__username__icontains=query)
+        )
+    wanted = request.GET.get("status", "")
+    if wanted in ApprovalStatus.values:
+        approvals = approvals.filter(status=wanted)
+    page = Paginator(approvals.order_by("-decided_at", "-created_at"), 50).get_page(
+        request.GET.get("page")
+    )
+    return render(
+        request,
+        "approvals/history.html",
+        {"page": page, "q": query, "status": wanted, "statuses": ApprovalStatus.values},
+    )

@@ -1,0 +1,53 @@
+// Operator console: keeps the queue live and the countdowns ticking.
+// Live updates come from the /ws/v1/approvals/ stream; if it is unavailable the
+// page falls back to refreshing the rows every few seconds.
+(function () {
+  "use strict";
+
+  function tickCountdowns() {
+    document.querySelectorAll(".countdown[data-expires]").forEach(function (cell) {
+      var left = Math.max(0, Math.round((Date.parse(cell.dataset.expires) - Date.now()) / 1000));
+      var minutes = Math.floor(left / 60), seconds = left % 60;
+      cell.textContent = left === 0 ? "expired" : (minutes ? minutes + " min " : "") + seconds + " s";
+      cell.classList.toggle("urgent", left < 60);
+    });
+  }
+  setInterval(tickCountdowns, 1000);
+  tickCountdowns();
+
+  var rows = document.getElementById("queue-rows");
+  if (!rows) return;
+  var state = document.getElementById("live-state");
+  var refreshing = false;
+
+  function refresh() {
+    if (refreshing) return;
+    refreshing = true;
+    fetch(rows.dataset.rowsUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
+      .then(function (html) { rows.innerHTML = html; tickCountdowns(); })
+      .catch(function () { if (state) state.classList.add("offline"); })
+      .finally(function () { refreshing = false; });
+  }
+
+  var fallback = null;
+  function poll() { if (!fallback) fallback = setInterval(refresh, 5000); }
+
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var socket;
+    try { socket = new WebSocket(scheme + location.host + "/ws/v1/approvals/"); } catch (e) { poll(); return; }
+    socket.onopen = function () {
+      if (state) state.classList.remove("offline");
+      if (fallback) { clearInterval(fallback); fallback = null; }
+      refresh();
+    };
+    socket.onmessage = function () { refresh(); };
+    socket.onclose = function () {
+      if (state) state.classList.add("offline");
+      poll();
+      setTimeout(connect, 3000);
+    };
+  }
+  connect();
+})();

@@ -1,0 +1,46 @@
+"""WebSocket authentication: a session (browsers), `Authorization: Bearer <key>` on the
+handshake, or a single-use stream ticket (`?ticket=`). Sets scope["caller"]."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.auth import AuthMiddlewareStack
+from channels.db import database_sync_to_async
+from channels.middleware import BaseMiddleware
+
+from apps.tenants.models import ApiKey
+
+
+class ApiKeyOrTicketMiddleware(BaseMiddleware):
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        scope = dict(scope)
+        scope["api_key"] = None
+        scope["ticket"] = None
+        headers = dict(scope.get("headers") or [])
+        authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
+        if authorization.lower().startswith("bearer "):
+            scope["api_key"] = await _key(authorization[7:].strip())
+            scope["bearer_given"] = True
+        query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+        if query.get("ticket"):
+            scope["ticket"] = await _ticket(query["ticket"][0])
+            scope["ticket_given"] = True
+        return await super().__call__(scope, receive, send)
+
+
+@database_sync_to_async
+def _key(raw: str) -> ApiKey | None:
+    return ApiKey.objects.for_raw_key(raw)
+
+
+@database_sync_to_async
+def _ticket(raw: str) -> Any:
+    from apps.invocations.models import StreamTicket
+
+    return StreamTicket.objects.redeem(raw)
+
+
+def WebSocketAuthStack(inner: Any) -> Any:
+    return AuthMiddlewareStack(ApiKeyOrTicketMiddleware(inner))
