@@ -11,8 +11,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from apps.invocations.events import tenant_group
-from apps.invocations.streams import CLOSE_FORBIDDEN
+from apps.invocations.events import remember_server_loop, tenant_group
+from apps.invocations.streams import CLOSE_FORBIDDEN, refuse
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
@@ -22,10 +22,11 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
 
     async def connect(self) -> None:
+        remember_server_loop()
         self.groups_joined = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_staff:
-            await self.close(code=CLOSE_FORBIDDEN)
+            await refuse(self, CLOSE_FORBIDDEN)
             return
         self.decidable: dict[str, bool] = {}
         await self.accept()

@@ -14,13 +14,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from apps.invocations.events import run_group
+from apps.invocations.events import remember_server_loop, run_group
 from apps.invocations.models import RunEvent
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
     StreamAccess,
     connection_slots,
+    refuse,
 )
 
 logger = logging.getLogger(__name__)
@@ -35,18 +36,19 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     slot: Any = None
 
     async def connect(self) -> None:
+        remember_server_loop()
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
         after = StreamAccess.parse_after(self.scope)
         if after is None:
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await refuse(self, CLOSE_BAD_REQUEST)
             return
         access = await database_sync_to_async(StreamAccess.for_run)(self.scope, self.run_id)
         if access is None:
-            await self.close(code=CLOSE_FORBIDDEN)
+            await refuse(self, CLOSE_FORBIDDEN)
             return
         self.slot = connection_slots.acquire(access.principal_key)
         if self.slot is None:
-            await self.close(code=settings.TOOLHUB_WS_CLOSE_TOO_MANY)
+            await refuse(self, settings.TOOLHUB_WS_CLOSE_TOO_MANY)
             return
         self.tenant_id = access.tenant_id
         self.last_seq = after

@@ -7,6 +7,7 @@ the database and one listening live see the same events in the same order.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from datetime import datetime
@@ -104,18 +105,39 @@ def emit(
     return message
 
 
+# The event loop of the ASGI server in this process, remembered by the stream
+# consumers. Pushes from plain threads (the embedded worker) are handed to it:
+# the in-memory channel layer's queues belong to that loop and are not thread-safe.
+_server_loop: asyncio.AbstractEventLoop | None = None
+
+
+def remember_server_loop() -> None:
+    global _server_loop
+    _server_loop = asyncio.get_running_loop()
+
+
+def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
+    loop = _server_loop
+    try:
+        on_loop_thread = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_loop_thread = False
+    if loop is not None and loop.is_running() and not on_loop_thread:
+        asyncio.run_coroutine_threadsafe(layer.group_send(group, envelope), loop).result(timeout=10)
+    else:
+        async_to_sync(layer.group_send)(group, envelope)
+
+
 def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(
-            run_group(tenant_id, run_id), {"type": "run.event", "event": message}
-        )
+        _group_send(layer, run_group(tenant_id, run_id), {"type": "run.event", "event": message})
         if message["type"].startswith("approval_"):
             # Operators follow approvals across runs on their tenant's stream.
-            async_to_sync(layer.group_send)(
-                tenant_group(tenant_id), {"type": "approval.event", "event": message}
+            _group_send(
+                layer, tenant_group(tenant_id), {"type": "approval.event", "event": message}
             )
     except Exception:
         # The event is already persisted: a subscriber that missed the push

@@ -16,6 +16,18 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 
 
+async def refuse(consumer: Any, code: int) -> None:
+    """Refuse a stream with a close code the client can read.
+
+    Closing before accepting makes the server answer the handshake with a bare HTTP
+    403 (Daphne does), which a client sees as 1006 and cannot tell apart from a
+    network failure, a malformed request (4400) or a flood (4429). So the handshake
+    is accepted, nothing is sent, and the connection is closed with the code.
+    """
+    await consumer.accept()
+    await consumer.close(code=code)
+
+
 @dataclass(frozen=True)
 class StreamAccess:
     tenant_id: int
