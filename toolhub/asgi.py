@@ -8,11 +8,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from toolhub.routing import websocket_urlpatterns  # noqa: E402
-from toolhub.ws_auth import WebSocketAuthStack  # noqa: E402  (needs Django set up first)
+from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
+    AllowedHostsBrowserOriginValidator,
+    WebSocketAuthStack,
+)
 
 if settings.TOOLHUB_EMBEDDED_WORKER:
     from apps.approvals.worker import start_embedded
@@ -22,7 +24,7 @@ if settings.TOOLHUB_EMBEDDED_WORKER:
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": AllowedHostsBrowserOriginValidator(
             WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),
     }

@@ -3,6 +3,7 @@ from django.urls import URLPattern, URLResolver, include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.invocations import views as invocation_views
 from toolhub import health
 
 handler404 = "toolhub.api.json_not_found"
@@ -19,6 +20,7 @@ urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/", admin.site.urls),
     path("console/", include("apps.approvals.urls")),
+    path("demo/chat/", invocation_views.demo_chat, name="demo-chat"),
     path("api/v1/", include(api_v1)),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),

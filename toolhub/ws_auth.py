@@ -9,6 +9,8 @@ from urllib.parse import parse_qs
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from channels.security.websocket import OriginValidator
+from django.conf import settings
 
 from apps.tenants.models import ApiKey
 
@@ -44,3 +46,21 @@ def _ticket(raw: str) -> Any:
 
 def WebSocketAuthStack(inner: Any) -> Any:
     return AuthMiddlewareStack(ApiKeyOrTicketMiddleware(inner))
+
+
+class BrowserOriginValidator(OriginValidator):
+    """A handshake that carries an Origin must come from a page of an allowed host, so
+    no other site can open a stream with a visitor's session cookie. Browsers always
+    send Origin on a WebSocket handshake; one without it is not a browser but an API
+    client (Bearer key, ticket), which channels' AllowedHostsOriginValidator would
+    refuse outright."""
+
+    def valid_origin(self, parsed_origin: Any) -> bool:
+        return parsed_origin is None or bool(super().valid_origin(parsed_origin))
+
+
+def AllowedHostsBrowserOriginValidator(inner: Any) -> BrowserOriginValidator:
+    allowed_hosts = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed_hosts:
+        allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]
+    return BrowserOriginValidator(inner, allowed_hosts)

@@ -513,6 +513,8 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         raise Refusal(
             ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s."
         ) from None
+    except Refusal:
+        raise  # _wait's cancellation (POST .../cancel/): not a tool failure
     except ToolError as exc:
         raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
     except Exception as exc:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -33,6 +34,17 @@ def database_url() -> str:
     return f"postgresql://{user}{password}@{host}{port}/{db['NAME']}"
 
 
+class Server(str):
+    """The base URL (a str, as before) plus the process: .pid, .port and .log (its output)."""
+
+    pid: int
+    port: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -40,8 +52,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def daphne(extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    """Start Daphne on a free port; yields its base URL and stops it afterwards."""
+def daphne(extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """Start Daphne on a free port; yields its base URL and stops it afterwards.
+
+    `args` go to the daphne command line (e.g. "--ping-interval", "2"). Its output goes
+    to a file, not a pipe: nobody reads a pipe, and a chatty server would block on it.
+    """
     port = free_port()
     env = {
         **os.environ,
@@ -52,17 +68,30 @@ def daphne(extra_env: dict[str, str] | None = None) -> Iterator[str]:
         **(extra_env or {}),
     }
     daphne_bin = Path(sys.executable).with_name("daphne")
-    process = subprocess.Popen(
-        [str(daphne_bin), "-b", "127.0.0.1", "-p", str(port), "toolhub.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+    fd, name = tempfile.mkstemp(prefix="daphne-", suffix=".log")
+    os.close(fd)
+    log = Path(name)
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                str(daphne_bin),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                *args,
+                "toolhub.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(f"http://127.0.0.1:{port}")
+    server.pid, server.port, server.log = process.pid, port, log
     try:
-        _wait_until_up(base, process)
-        yield base
+        _wait_until_up(server, process)
+        yield server
     finally:
         process.terminate()
         try:
@@ -70,14 +99,14 @@ def daphne(extra_env: dict[str, str] | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        log.unlink(missing_ok=True)
 
 
-def _wait_until_up(base: str, process: subprocess.Popen[bytes]) -> None:
+def _wait_until_up(base: Server, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            output = process.stdout.read().decode() if process.stdout else ""
-            raise RuntimeError(f"daphne exited with {process.returncode}:\n{output}")
+            raise RuntimeError(f"daphne exited with {process.returncode}:\n{base.output()}")
         try:
             with urllib.request.urlopen(f"{base}/healthz", timeout=1) as response:
                 if response.status == 200:
