@@ -49,7 +49,10 @@ class InvalidEdit(DecisionError):
 
 
 def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
-    query = ApprovalRequest.objects.select_for_update().select_related(
+    # of=("self",): lock the approval row only. Without it PostgreSQL also locks the
+    # joined tenant, tool, record and user rows, and a concurrent event insert (which
+    # key-share-locks the tenant) deadlocks with the decision's own event on the run.
+    query = ApprovalRequest.objects.select_for_update(of=("self",)).select_related(
         "tool", "tenant", "invocation", "requested_by"
     )
     if user is not None:

@@ -28,7 +28,7 @@ def run_approved_call(approval_id: str) -> str:
 
     with transaction.atomic():
         approval = (
-            ApprovalRequest.objects.select_for_update()
+            ApprovalRequest.objects.select_for_update(of=("self",))  # see decisions._locked
             .select_related("tool", "tenant", "invocation", "requested_by")
             .filter(pk=approval_id)
             .first()

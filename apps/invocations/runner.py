@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import time
+import traceback
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -522,7 +523,8 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         logger.warning(
             "tool %s raised %s (call %s)", call.tool_ref, type(exc).__name__, call.tool_call_id
         )
-        logger.debug("tool failure", exc_info=True)
+        # Where it failed (frames only: the exception's message may hold values).
+        logger.debug("tool failure at:\n%s", "".join(traceback.format_tb(exc.__traceback__)))
         raise Refusal(ErrorCode.EXECUTION, "The tool failed unexpectedly.") from None
 
 

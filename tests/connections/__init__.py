@@ -1,0 +1,156 @@
+"""Helpers shared by the connection tests: connections, grants, results, a local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from guardian.shortcuts import assign_perm
+
+from apps.connections.models import Connection, Grant
+from apps.invocations.models import InvocationRecord
+from apps.tenants.models import Tenant
+from apps.tenants.principals import agents_group
+
+HTTP = "core__http_request"
+
+
+def make_connection(
+    tenant: Tenant,
+    name: str = "service",
+    kind: str = "bearer",
+    hosts: tuple[str, ...] = ("api.example.com",),
+    private: bool = False,
+    **secret: str,
+) -> Connection:
+    connection = Connection(
+        tenant=tenant,
+        name=name,
+        kind=kind,
+        allowed_hosts=list(hosts),
+        allow_private_network=private,
+    )
+    connection.set_secret(**(secret or {"token": f"token-of-{name}"}))
+    connection.full_clean()
+    connection.save()
+    return connection
+
+
+def grant(connection: Connection, principal: str = "agent:test", **fields: Any) -> Grant:
+    return Grant.objects.create(
+        tenant=connection.tenant, connection=connection, principal=principal, **fields
+    )
+
+
+def permit_use(connection: Connection) -> None:
+    """`use_connection` on this connection for every agent of its tenant."""
+    assign_perm("connections.use_connection", agents_group(connection.tenant), connection)
+
+
+def usable(connection: Connection, principal: str = "agent:test", **fields: Any) -> Connection:
+    """Granted to `principal`, and usable by the tenant's agents."""
+    grant(connection, principal, **fields)
+    permit_use(connection)
+    return connection
+
+
+def record_of(response: Any) -> InvocationRecord:
+    return InvocationRecord.objects.get(pk=response.json()["invocationId"])
+
+
+def ok_result(response: Any) -> Any:
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["ok"] is True, body
+    return body["result"]
+
+
+def failure(response: Any) -> tuple[str, str]:
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["ok"] is False, body
+    assert "result" not in body
+    return body["errorCode"], body["safeMessage"]
+
+
+# ---------------------------------------------------------------- a real HTTP server
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: LocalServer
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(
+            Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        )
+        parts = urlsplit(self.path)
+        if parts.path == "/loop":
+            self.send_response(302)
+            self.send_header("Location", "/loop")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if parts.path == "/redirect":
+            (target,) = parse_qs(parts.query)["to"]
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if parts.path.startswith("/ok"):
+            payload = json.dumps({"hello": "world", "path": parts.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep the test output (and the log capture) clean
+
+
+class LocalServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.seen: list[Seen] = []
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextmanager
+def local_server() -> Iterator[LocalServer]:
+    server = LocalServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
