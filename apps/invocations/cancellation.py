@@ -21,7 +21,13 @@ def cancel(record: InvocationRecord, *, by: str) -> InvocationRecord:
         try:
             decisions.cancel(record.approval.pk, by=by, user=None)
         except decisions.AlreadyDecided as exc:
-            raise NotCancellable(str(exc)) from None
+            # A worker may have claimed the approved call a moment ago (executing, record
+            # still queued): then it is about to run, so ask it to stop like a running one.
+            asked = InvocationRecord.objects.filter(
+                pk=record.pk, status__in=(Status.QUEUED, Status.RUNNING)
+            ).update(cancel_requested=True)
+            if not asked:
+                raise NotCancellable(str(exc)) from None
     elif record.status == Status.RUNNING:
         InvocationRecord.objects.filter(pk=record.pk).update(cancel_requested=True)
     else:

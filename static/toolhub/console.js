@@ -18,16 +18,19 @@
   var rows = document.getElementById("queue-rows");
   if (!rows) return;
   var state = document.getElementById("live-state");
-  var refreshing = false;
+  var refreshing = false, stale = false;
 
   function refresh() {
-    if (refreshing) return;
+    // A change announced while a fetch is in flight may postdate its answer:
+    // fetch once more when that one is done instead of dropping the request.
+    if (refreshing) { stale = true; return; }
     refreshing = true;
+    stale = false;
     fetch(rows.dataset.rowsUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
       .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
       .then(function (html) { rows.innerHTML = html; tickCountdowns(); })
       .catch(function () { if (state) state.classList.add("offline"); })
-      .finally(function () { refreshing = false; });
+      .finally(function () { refreshing = false; if (stale) refresh(); });
   }
 
   var fallback = null;
