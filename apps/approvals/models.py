@@ -106,6 +106,9 @@ class ApprovalRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.CharField(max_length=1000, blank=True)
+    claimed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker took the approved call to run it."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ApprovalQuerySet.as_manager()

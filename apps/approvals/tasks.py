@@ -8,7 +8,7 @@ transaction before it runs, and a claimed call is never run again.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.tasks import task
@@ -36,7 +36,8 @@ def run_approved_call(approval_id: str) -> str:
         if approval is None or approval.status != ApprovalStatus.APPROVED:
             return approval.status if approval else "missing"
         approval.status = ApprovalStatus.EXECUTING
-        approval.save(update_fields=["status"])
+        approval.claimed_at = timezone.now()
+        approval.save(update_fields=["status", "claimed_at"])
     record = runner.resume(approval)
     approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
     approval.save(update_fields=["status"])
@@ -57,7 +58,11 @@ def notify_pending(approval_id: str) -> int:
 
 
 def sweep() -> dict[str, int]:
-    """Expire overdue requests; re-enqueue approved calls whose queue entry was lost."""
+    """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
+    and settle calls whose worker died while running them."""
+    from django.tasks import TaskResultStatus
+    from django_tasks_db.models import DBTaskResult
+
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
@@ -65,8 +70,6 @@ def sweep() -> dict[str, int]:
         decisions.expire_if_overdue(pk)
         for pk in ApprovalRequest.objects.overdue().values_list("pk", flat=True)[:500]
     )
-    from django.tasks import TaskResultStatus
-    from django_tasks_db.models import DBTaskResult
 
     waiting = {
         entry["args"][0]
@@ -84,4 +87,39 @@ def sweep() -> dict[str, int]:
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
-    return {"expired": expired, "requeued": len(orphaned)}
+    return {"expired": expired, "requeued": len(orphaned), "settled": settle_interrupted()}
+
+
+def settle_interrupted() -> int:
+    """Claimed calls (executing) whose worker died: never run again (it may have run,
+    and an external side effect must not happen twice); their state is made final."""
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations import runner
+    from apps.invocations.models import ErrorCode, Status
+
+    settled = 0
+    executing = ApprovalRequest.objects.filter(status=ApprovalStatus.EXECUTING).select_related(
+        "invocation", "tool", "tenant", "requested_by"
+    )[:500]
+    for approval in executing:
+        record = approval.invocation
+        if record.status in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
+            approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
+        elif _stale(approval.claimed_at, approval.tool.timeout_ms):
+            runner.end_held(
+                approval,
+                ErrorCode.EXECUTION,
+                "The worker running this call stopped before it finished; it was not retried.",
+            )
+            approval.status = ApprovalStatus.FAILED
+        else:
+            continue
+        approval.save(update_fields=["status"])
+        settled += 1
+    return settled
+
+
+def _stale(claimed_at: datetime | None, timeout_ms: int) -> bool:
+    if claimed_at is None:
+        return False
+    return timezone.now() - claimed_at > timedelta(milliseconds=timeout_ms) + ORPHAN_AFTER
