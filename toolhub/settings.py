@@ -128,7 +128,7 @@ if REDIS_URL:
                 "hosts": [REDIS_URL],
                 # A subscriber that stops reading must not grow Redis without bound:
                 # each channel holds at most `capacity` messages for `expiry` seconds.
-                "capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 500, minimum=10),
+                "capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 100, minimum=10),
                 "expiry": env_int("TOOLHUB_CHANNEL_EXPIRY", 60, minimum=1),
                 "group_expiry": 86400,
             },
@@ -138,7 +138,7 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels.layers.InMemoryChannelLayer",
-            "CONFIG": {"capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 500, minimum=10)},
+            "CONFIG": {"capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 100, minimum=10)},
         }
     }
 
@@ -244,6 +244,12 @@ TOOLHUB_PUBLIC_URL = env_str("TOOLHUB_PUBLIC_URL", "http://127.0.0.1:8000").rstr
 # close code a refused extra connection gets.
 TOOLHUB_WS_MAX_PER_PRINCIPAL = env_int("TOOLHUB_WS_MAX_PER_PRINCIPAL", 20, minimum=1)
 TOOLHUB_WS_CLOSE_TOO_MANY = 4429
+# Bytes per second (and burst) a run stream hands the server; a stream that needs
+# pacing for longer than TOOLHUB_WS_SLOW_CLIENT_SECONDS is closed with 4008. This
+# bounds what a client that stops reading can pin in memory.
+TOOLHUB_WS_SEND_RATE = env_int("TOOLHUB_WS_SEND_RATE", 256 * 1024, minimum=1024)
+TOOLHUB_WS_SEND_BURST = env_int("TOOLHUB_WS_SEND_BURST", 1024 * 1024, minimum=64 * 1024)
+TOOLHUB_WS_SLOW_CLIENT_SECONDS = env_int("TOOLHUB_WS_SLOW_CLIENT_SECONDS", 8, minimum=1)
 
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [

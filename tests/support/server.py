@@ -51,8 +51,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The keepalive toolhub's documented server command uses (scripts/run, docs/deployment.md):
+# a client that stops answering pings is dropped within ~15 s.
+RECOMMENDED_ARGS = ("--ping-interval", "5", "--ping-timeout", "10")
+
+
 @contextmanager
-def daphne(extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Iterator[Server]:
+def daphne(
+    extra_env: dict[str, str] | None = None, args: tuple[str, ...] = RECOMMENDED_ARGS
+) -> Iterator[Server]:
     """Start Daphne on a free port; yields its base URL and stops it afterwards.
 
     `args` go to the daphne command line (e.g. "--ping-interval", "2"). Its output goes
