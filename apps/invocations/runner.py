@@ -350,14 +350,18 @@ def _idempotency_winner(call: Call) -> InvocationRecord:
     winner = InvocationRecord.objects.get(
         tenant=call.caller.tenant, idempotency_key=call.request.idempotency_key
     )
-    if winner.request_hash != call.request_hash:
-        call.request = call.request.model_copy(update={"idempotency_key": None})
+    return _same_call(call, winner)
+
+
+def _same_call(call: Call, earlier: InvocationRecord) -> InvocationRecord:
+    """An idempotency key replays only the call it was first used for."""
+    if earlier.request_hash != call.request_hash:
         raise Refusal(
             ErrorCode.VALIDATION,
             "This idempotencyKey was already used for a different call "
             "(tool, arguments or connection).",
         )
-    return winner
+    return earlier
 
 
 def find_replay(call: Call) -> InvocationRecord | None:
@@ -368,15 +372,7 @@ def find_replay(call: Call) -> InvocationRecord | None:
     existing = InvocationRecord.objects.filter(
         tenant=call.caller.tenant, idempotency_key=key
     ).first()
-    if existing is None:
-        return None
-    if existing.request_hash != call.request_hash:
-        raise Refusal(
-            ErrorCode.VALIDATION,
-            "This idempotencyKey was already used for a different call "
-            "(tool, arguments or connection).",
-        )
-    return existing
+    return _same_call(call, existing) if existing is not None else None
 
 
 def hold_for_approval(call: Call) -> InvocationRecord | None:
