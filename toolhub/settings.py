@@ -125,11 +125,14 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # redis-py 8 times sockets out after 5 s, which races channels-redis's
+                # 5 s blocking pop and kills idle streams: no client-side timeout.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
                 # A subscriber that stops reading must not grow Redis without bound:
                 # each channel holds at most `capacity` messages for `expiry` seconds.
                 "capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 100, minimum=10),
                 "expiry": env_int("TOOLHUB_CHANNEL_EXPIRY", 60, minimum=1),
+                # Run streams re-join their group hourly, so a day is ample.
                 "group_expiry": 86400,
             },
         }

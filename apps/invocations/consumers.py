@@ -38,6 +38,7 @@ from apps.invocations.streams import (
 logger = logging.getLogger(__name__)
 
 REPLAY_BATCH = 100
+GROUP_REFRESH_S = 3600
 CLOSE_TOO_SLOW = 4008
 
 
@@ -64,6 +65,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     slot: Any = None
     paced_since: float | None = None
     gone: bool = False
+    refresher: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
         remember_server_loop()
@@ -87,10 +89,30 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(
             run_group(self.tenant_id, self.run_id), self.channel_name
         )
+        self.refresher = asyncio.ensure_future(self._keep_membership())
         await self._send_from_database()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Live events skip channels' per-message database-connection cleanup (a
+        thread hop per subscriber per event): their handler touches the database only
+        through database_sync_to_async, which cleans up after itself."""
+        if message.get("type") == "run.event":
+            await self.run_event(message)
+        else:
+            await super().dispatch(message)
+
+    async def _keep_membership(self) -> None:
+        """Group membership expires (channel layer group_expiry): re-join hourly so a
+        stream open for days keeps receiving live events."""
+        group = run_group(self.tenant_id, self.run_id)
+        while not self.gone:
+            await asyncio.sleep(GROUP_REFRESH_S)
+            await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
         self.gone = True
+        if self.refresher is not None:
+            self.refresher.cancel()
         if self.slot is not None:
             self.slot.release()
             self.slot = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from pydantic import Field
@@ -31,12 +32,17 @@ class CurrentTime(ToolOutput):
     unix: float = Field(description="Seconds since the Unix epoch")
 
 
+@cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones())
+
+
 def get_current_time(
     params: GetCurrentTimeParams, ctx: ToolContext, caps: Capabilities
 ) -> CurrentTime:
     name = params.timezone or "UTC"
     # ZoneInfo would also accept file-system paths; only real zone names are valid here.
-    if name not in available_timezones() and name != "UTC":
+    if name not in _zone_names() and name != "UTC":
         raise ToolError(f"Unknown time zone {name!r}: use an IANA name such as 'Europe/Paris'.")
     try:
         zone = ZoneInfo(name)

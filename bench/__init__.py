@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run by hand, not tests (see bench/README.md)."""
