@@ -103,6 +103,9 @@ def test_a_stream_on_one_process_receives_what_another_process_and_the_worker_em
                 ) as run,
                 open_ws(b, "/ws/v1/approvals/", watcher.ws_headers) as approvals,
             ):
+                # Idle past redis-py's old 5 s socket timeout first: streams on the
+                # Redis layer must survive quiet periods.
+                nothing_arrives(run, 7)
                 # The agent's call is held by web process A...
                 held = KeyClient(a, agent.key).invoke(
                     "test__confirm", args={}, runId="run-scale", toolCallId="toolu_scale"
