@@ -204,7 +204,7 @@ SPECTACULAR_SETTINGS = {
 LOG_LEVEL = env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
     raise ImproperlyConfigured(
-        f"TOOLHUB_LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR; got {LOG_LEVEL!r}"
+        f"TOOLHUB_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL; got {LOG_LEVEL!r}"
     )
 LOGGING = {
     "version": 1,

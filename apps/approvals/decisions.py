@@ -22,6 +22,7 @@ from apps.approvals import tasks
 from apps.approvals.models import ApprovalRequest, ApprovalStatus, Vote
 from apps.invocations import events, runner
 from apps.invocations.models import ErrorCode, Status
+from apps.invocations.requests import MAX_ARGS_BYTES
 from apps.policies.policy import Evaluator
 from apps.tenants.callers import Caller
 from apps.tools.permissions import can_decide
@@ -175,6 +176,9 @@ def _apply_edit(approval: ApprovalRequest, args: dict[str, Any]) -> None:
     registered = registry.get(approval.tool_id)
     if registered is None:
         raise InvalidEdit("The tool is no longer available.")
+    size = len(json.dumps(args, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_ARGS_BYTES:
+        raise InvalidEdit(f"The edited arguments are {size} bytes; the limit is {MAX_ARGS_BYTES}.")
     try:
         params = registered.contract.params.model_validate_json(json.dumps(args), strict=True)
     except ValidationError as exc:

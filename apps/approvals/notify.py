@@ -46,7 +46,12 @@ def deciders(approval: ApprovalRequest) -> list[User]:
 
 
 def send_pending(approval: ApprovalRequest) -> int:
-    sent = _email(approval)
+    """Email and webhook independently: one failing does not stop the other."""
+    sent = 0
+    try:
+        sent += _email(approval)
+    except OSError as exc:  # SMTP errors are OSErrors
+        logger.warning("approval email for %s failed: %s", approval.pk, type(exc).__name__)
     if approval.tenant.approval_webhook_url:
         sent += _webhook(approval)
     return sent
@@ -83,7 +88,7 @@ def webhook_payload(approval: ApprovalRequest) -> bytes:
             "toolCallId": approval.tool_call_id,
             "effect": approval.tool.effect,
             "consequenceLevel": approval.tool.consequence_level,
-            "expiresAt": approval.expires_at.isoformat(),
+            "expiresAt": approval.expires_at.isoformat().replace("+00:00", "Z"),
         },
         separators=(",", ":"),
     ).encode()

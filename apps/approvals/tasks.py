@@ -87,7 +87,8 @@ def sweep() -> dict[str, int]:
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
-    return {"expired": expired, "requeued": len(orphaned), "settled": settle_interrupted()}
+    settled = settle_interrupted() + settle_abandoned_records()
+    return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 
 def settle_interrupted() -> int:
@@ -116,6 +117,24 @@ def settle_interrupted() -> int:
             continue
         approval.save(update_fields=["status"])
         settled += 1
+    return settled
+
+
+def settle_abandoned_records() -> int:
+    """Calls that started in a process that died (never held, so no approval tracks
+    them): past their timeout by a margin, they end as failed instead of `running`."""
+    from apps.invocations import runner
+    from apps.invocations.models import InvocationRecord, Status
+
+    settled = 0
+    candidates = InvocationRecord.objects.filter(
+        status=Status.RUNNING, started_at__lte=timezone.now() - ORPHAN_AFTER, approval__isnull=True
+    ).select_related("tool", "tenant")[:500]
+    for record in candidates:
+        timeout_ms = record.tool.timeout_ms if record.tool else 600_000
+        if _stale(record.started_at, timeout_ms):
+            runner.abandon(record, "The process running this call stopped before it finished.")
+            settled += 1
     return settled
 
 

@@ -4,10 +4,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from apps.invocations.models import InvocationRecord, RunEvent
+from apps.tenants.admin import TenantScopedAdmin
 
 
 @admin.register(InvocationRecord)
-class InvocationRecordAdmin(admin.ModelAdmin[InvocationRecord]):
+class InvocationRecordAdmin(TenantScopedAdmin, admin.ModelAdmin[InvocationRecord]):
     """Records are evidence: readable, never editable."""
 
     list_display = (
@@ -34,7 +35,7 @@ class InvocationRecordAdmin(admin.ModelAdmin[InvocationRecord]):
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin[RunEvent]):
+class RunEventAdmin(TenantScopedAdmin, admin.ModelAdmin[RunEvent]):
     list_display = ("at", "run_id", "seq", "type", "tool_id", "tenant")
     list_filter = ("tenant", "type")
     search_fields = ("run_id", "tool_call_id")

@@ -29,7 +29,6 @@ EventType = Literal[
     "tool_call_result",
     "approval_required",
     "approval_decided",
-    "tool_call_cancelled",
 ]
 
 

@@ -623,8 +623,20 @@ def _record_fields(call: Call) -> dict[str, Any]:
 def _finish(
     call: Call, *, ok: bool, result: Any = None, refusal: Refusal | None = None
 ) -> InvocationRecord:
-    record = call.record
-    assert record is not None and record.started_at is not None
+    assert call.record is not None
+    return _close_record(call.record, ok=ok, result=result, refusal=refusal)
+
+
+def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
+    """End a started call whose process died mid-run (found by the sweeper)."""
+    return _close_record(record, ok=False, refusal=Refusal(ErrorCode.EXECUTION, safe_message))
+
+
+def _close_record(
+    record: InvocationRecord, *, ok: bool, result: Any = None, refusal: Refusal | None = None
+) -> InvocationRecord:
+    """Store the outcome and emit tool_call_result; everything needed is on the record."""
+    assert record.started_at is not None
     record.ended_at = timezone.now()
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
     record.ok = ok
@@ -647,11 +659,11 @@ def _finish(
         outcome["errorCode"] = record.error_code
         outcome["safeMessage"] = record.safe_message
     events.emit(
-        call.caller.tenant,
-        call.run_id,
+        record.tenant,
+        record.run_id,
         "tool_call_result",
-        tool_call_id=call.tool_call_id,
-        tool_id=call.tool_ref[:200],
+        tool_call_id=record.tool_call_id,
+        tool_id=record.tool_ref,
         **outcome,
     )
     return record

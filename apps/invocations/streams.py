@@ -12,7 +12,6 @@ from django.conf import settings
 from apps.tenants.models import Tenant
 
 CLOSE_BAD_REQUEST = 4400
-CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 
 

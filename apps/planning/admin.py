@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from apps.planning.models import Plan, PlanStep
+from apps.tenants.admin import TenantScopedAdmin
 
 
 class PlanStepInline(admin.TabularInline[PlanStep, Plan]):
@@ -11,7 +12,7 @@ class PlanStepInline(admin.TabularInline[PlanStep, Plan]):
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin[Plan]):
+class PlanAdmin(TenantScopedAdmin, admin.ModelAdmin[Plan]):
     list_display = ("run_id", "tenant", "objective", "status", "updated_at")
     list_filter = ("tenant", "status")
     search_fields = ("run_id", "objective")

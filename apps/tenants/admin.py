@@ -10,6 +10,17 @@ from django.http import HttpRequest
 from apps.tenants.models import ApiKey, Tenant
 
 
+class TenantScopedAdmin(admin.ModelAdmin[Any]):
+    """Staff see only the rows of tenants they are members of (superusers see all)."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        user = request.user
+        if getattr(user, "is_superuser", False):
+            return queryset
+        return queryset.filter(tenant__in=Tenant.objects.filter(members=user.pk))
+
+
 class TenantForm(forms.ModelForm[Tenant]):
     webhook_secret = forms.CharField(
         required=False,

@@ -412,3 +412,14 @@ def test_cancelling_a_call_a_worker_has_just_claimed_stops_it_instead_of_409(
     record = runner.resume(ApprovalRequest.objects.get(pk=approval.pk))  # the worker goes on
     assert time.monotonic() - started < 5
     assert (record.status, record.error_code) == ("cancelled", "cancelled")
+
+
+def test_edited_args_over_8_kb_are_400_and_nothing_runs(caller, operator, held_echo):
+    _, approval = hold(caller, ECHO, args={"text": "hello"}, runId="run-big-edit")
+
+    response = post_decision(logged_in(operator), approval.pk, args={"text": "x" * 9000})
+
+    assert response.status_code == 400, response.content
+    assert "limit is 8192" in response.json()["detail"]
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING

@@ -244,3 +244,24 @@ def test_a_call_whose_worker_died_while_running_it_is_settled_not_rerun(caller, 
     assert record.status == "failed"
     assert record.error_code == "execution"
     assert "not retried" in record.safe_message
+
+
+def test_a_plain_call_left_running_by_a_dead_process_is_ended_by_the_sweeper(caller):
+    """A call that was never held has no approval to track it: once past its timeout by
+    a margin, the sweeper ends it as failed instead of leaving it `running` forever."""
+    from apps.invocations.models import InvocationRecord, Status
+
+    response = caller.invoke("test__echo", args={"text": "hi"}, runId="run-dead")
+    record = InvocationRecord.objects.get(pk=response.json()["invocationId"])
+    InvocationRecord.objects.filter(pk=record.pk).update(
+        status=Status.RUNNING, ok=None, ended_at=None, started_at=timezone.now()
+    )
+    assert tasks.sweep()["settled"] == 0  # within its timeout: a live process may own it
+    InvocationRecord.objects.filter(pk=record.pk).update(
+        started_at=timezone.now() - timedelta(minutes=10)
+    )
+    assert tasks.sweep()["settled"] == 1
+    record.refresh_from_db()
+    assert record.status == Status.FAILED
+    assert record.error_code == "execution"
+    assert events(caller.tenant, "run-dead")[-1]["type"] == "tool_call_result"

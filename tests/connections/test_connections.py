@@ -141,7 +141,7 @@ def test_old_keys_still_decrypt_and_rotation_re_encrypts_with_the_new_first_key(
 
     out = StringIO()
     call_command("rotate_connection_keys", stdout=out)
-    assert "Re-encrypted 1 connection secret(s)" in out.getvalue()
+    assert "Re-encrypted 1 secret(s)" in out.getvalue()
 
     after = Connection.objects.get(pk=connection.pk).secret_encrypted
     assert after != before
@@ -462,3 +462,19 @@ def test_the_admin_refuses_allowed_hosts_that_are_not_host_names(agent, admin_br
     assert response.status_code == 200
     assert "allowed_hosts" in response.context["adminform"].form.errors
     assert not Connection.objects.filter(name="bad-hosts").exists()
+
+
+def test_rotation_re_encrypts_tenant_webhook_secrets_too(agent, use_keys):
+    from apps.connections import crypto as connection_crypto
+
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    use_keys(old)
+    agent.tenant.set_webhook_secret("hook-secret")
+    agent.tenant.save()
+    use_keys(new, old)
+    call_command("rotate_connection_keys", stdout=StringIO())
+    use_keys(new)  # the old key dropped: the webhook can still be signed
+    agent.tenant.refresh_from_db()
+    assert connection_crypto.decrypt(agent.tenant.approval_webhook_secret) == {
+        "secret": "hook-secret"
+    }

@@ -7,6 +7,7 @@ from django.db import transaction
 
 from apps.connections import crypto
 from apps.connections.models import Connection
+from apps.tenants.models import Tenant
 
 
 class Command(BaseCommand):
@@ -28,4 +29,14 @@ class Command(BaseCommand):
                     ) from None
                 connection.save(update_fields=["secret_encrypted"])
                 rotated += 1
-        self.stdout.write(f"Re-encrypted {rotated} connection secret(s) with the newest key.")
+            for tenant in Tenant.objects.select_for_update().exclude(approval_webhook_secret=""):
+                try:
+                    tenant.approval_webhook_secret = crypto.rotate(tenant.approval_webhook_secret)
+                except crypto.SecretUnreadable:
+                    raise CommandError(
+                        f"The webhook secret of tenant {tenant.slug} cannot be decrypted with any "
+                        "configured key; nothing was changed."
+                    ) from None
+                tenant.save(update_fields=["approval_webhook_secret"])
+                rotated += 1
+        self.stdout.write(f"Re-encrypted {rotated} secret(s) with the newest key.")
