@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.db.models import QuerySet
 
 from apps.connections import crypto
 from apps.connections.models import Connection
@@ -17,26 +18,28 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rotated = 0
+        # One transaction: an unreadable secret anywhere leaves every secret as it was.
         with transaction.atomic():
-            for connection in Connection.objects.select_for_update().exclude(secret_encrypted=""):
-                try:
-                    connection.secret_encrypted = crypto.rotate(connection.secret_encrypted)
-                except crypto.SecretUnreadable:
-                    raise CommandError(
-                        f"Connection {connection.pk} cannot be decrypted with any configured key; "
-                        "nothing was changed."
-                    ) from None
-                connection.save(update_fields=["secret_encrypted"])
-                rotated += 1
-            for tenant in Tenant.objects.select_for_update().exclude(approval_webhook_secret=""):
-                try:
-                    tenant.approval_webhook_secret = crypto.rotate(tenant.approval_webhook_secret)
-                except crypto.SecretUnreadable:
-                    raise CommandError(
-                        f"The webhook secret of tenant {tenant.slug} cannot be decrypted with any "
-                        "configured key; nothing was changed."
-                    ) from None
-                tenant.save(update_fields=["approval_webhook_secret"])
-                rotated += 1
+            rotated = _rotate(Connection.objects.all(), "secret_encrypted", "Connection {pk}")
+            rotated += _rotate(
+                Tenant.objects.all(),
+                "approval_webhook_secret",
+                "The webhook secret of tenant {slug}",
+            )
         self.stdout.write(f"Re-encrypted {rotated} secret(s) with the newest key.")
+
+
+def _rotate(queryset: QuerySet[Any], field: str, describe: str) -> int:
+    """Re-encrypt `field` of every row that has one; `describe` names a row in errors."""
+    rotated = 0
+    for row in queryset.select_for_update().exclude(**{field: ""}):
+        try:
+            setattr(row, field, crypto.rotate(getattr(row, field)))
+        except crypto.SecretUnreadable:
+            who = describe.format(pk=row.pk, slug=getattr(row, "slug", ""))
+            raise CommandError(
+                f"{who} cannot be decrypted with any configured key; nothing was changed."
+            ) from None
+        row.save(update_fields=[field])
+        rotated += 1
+    return rotated
