@@ -14,7 +14,6 @@ from urllib.parse import parse_qs, urlsplit
 from guardian.shortcuts import assign_perm
 
 from apps.connections.models import Connection, Grant
-from apps.invocations.models import InvocationRecord
 from apps.tenants.models import Tenant
 from apps.tenants.principals import agents_group
 
@@ -58,25 +57,6 @@ def usable(connection: Connection, principal: str = "agent:test", **fields: Any)
     grant(connection, principal, **fields)
     permit_use(connection)
     return connection
-
-
-def record_of(response: Any) -> InvocationRecord:
-    return InvocationRecord.objects.get(pk=response.json()["invocationId"])
-
-
-def ok_result(response: Any) -> Any:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is True, body
-    return body["result"]
-
-
-def failure(response: Any) -> tuple[str, str]:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is False, body
-    assert "result" not in body
-    return body["errorCode"], body["safeMessage"]
 
 
 # ---------------------------------------------------------------- a real HTTP server

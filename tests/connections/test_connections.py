@@ -28,13 +28,12 @@ from apps.tools.registry import ToolRegistrationError, ToolRegistry
 from tests.conftest import Agent, allow, make_agent
 from tests.connections import (
     HTTP,
-    failure,
     grant,
     make_connection,
     permit_use,
-    record_of,
     usable,
 )
+from tests.support.responses import failure, record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,13 +20,11 @@ from tests.conftest import Agent, allow
 from tests.connections import (
     HTTP,
     LocalServer,
-    failure,
     local_server,
     make_connection,
-    ok_result,
-    record_of,
     usable,
 )
+from tests.support.responses import failure, ok_result, record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

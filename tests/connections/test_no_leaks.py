@@ -24,11 +24,10 @@ from tests.connections import (
     LocalServer,
     local_server,
     make_connection,
-    ok_result,
     permit_use,
-    record_of,
     usable,
 )
+from tests.support.responses import ok_result, record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

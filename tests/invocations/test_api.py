@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from apps.invocations.models import InvocationRecord
 from apps.tools.models import Tool
 from tests.conftest import allow
+from tests.support.responses import record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,10 +22,6 @@ CLOCK = "core__get_current_time"
 
 def post_raw(agent, body: str, content_type: str = "application/json"):
     return agent.client.post(URL, data=body, content_type=content_type)
-
-
-def record_of(response) -> InvocationRecord:
-    return InvocationRecord.objects.get(pk=response.json()["invocationId"])
 
 
 def error_fields(response) -> list[str]:

@@ -13,6 +13,7 @@ from apps.invocations.models import InvocationRecord, RunEvent
 from apps.invocations.requests import InvocationRequest
 from apps.tenants.callers import Caller
 from tests.conftest import allow
+from tests.support.responses import failure, ok_result, record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,31 +24,11 @@ UPDATE = "core__planning_update_step"
 READ = "core__planning_read_plan"
 
 
-def record_of(response) -> InvocationRecord:
-    return InvocationRecord.objects.get(pk=response.json()["invocationId"])
-
-
 @pytest.fixture
 def tester(agent, test_tools):
     """The `acme` agent, also allowed every test tool."""
     allow(agent.tenant, *test_tools, name="test tools")
     return agent
-
-
-def ok_result(response) -> dict:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is True, body
-    return body["result"]
-
-
-def failure(response) -> tuple[str, str]:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is False, body
-    assert body["status"] == "failed"
-    assert "result" not in body
-    return body["errorCode"], body["safeMessage"]
 
 
 # ---------------------------------------------------------------- every call leaves a record

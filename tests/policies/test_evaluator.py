@@ -25,6 +25,7 @@ from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.conftest import Agent, allow, make_agent
 from tests.support import tools as support_tools
+from tests.support.responses import failure, ok_result, record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,26 +61,6 @@ def add_rule(policy: Policy, condition: str, outcome: str, tool_pattern: str = "
     rule.full_clean()
     rule.save()
     return rule
-
-
-def record_of(response: Any) -> InvocationRecord:
-    return InvocationRecord.objects.get(pk=response.json()["invocationId"])
-
-
-def ok_result(response: Any) -> Any:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is True, body
-    return body["result"]
-
-
-def failure(response: Any) -> tuple[str, str]:
-    assert response.status_code == 200, response.content
-    body = response.json()
-    assert body["ok"] is False, body
-    assert body["status"] == "failed"
-    assert "result" not in body
-    return body["errorCode"], body["safeMessage"]
 
 
 def assert_held(response: Any) -> InvocationRecord:
