@@ -208,6 +208,13 @@ def test_start_up_with_a_bad_database_url_fails_naming_it(tmp_path):
     assert "DATABASE_URL" in process.stderr
 
 
+@pytest.mark.parametrize("raw", ["0", "-5", "many", "1.5"])
+def test_start_up_with_a_bad_stream_queue_size_fails_naming_it(tmp_path, raw):
+    process = start_django(tmp_path, TOOLHUB_DEBUG="1", TOOLHUB_WS_QUEUED_EVENTS=raw)
+    assert process.returncode != 0
+    assert "TOOLHUB_WS_QUEUED_EVENTS" in process.stderr
+
+
 # ---------------------------------------------------------------- the default database
 
 

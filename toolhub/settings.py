@@ -253,6 +253,9 @@ TOOLHUB_WS_CLOSE_TOO_MANY = 4429
 TOOLHUB_WS_SEND_RATE = env_int("TOOLHUB_WS_SEND_RATE", 256 * 1024, minimum=1024)
 TOOLHUB_WS_SEND_BURST = env_int("TOOLHUB_WS_SEND_BURST", 1024 * 1024, minimum=64 * 1024)
 TOOLHUB_WS_SLOW_CLIENT_SECONDS = env_int("TOOLHUB_WS_SLOW_CLIENT_SECONDS", 8, minimum=1)
+# Live events one run stream holds while it catches up or paces a slow client;
+# past that it drops them and re-reads them from the database when it can send.
+TOOLHUB_WS_QUEUED_EVENTS = env_int("TOOLHUB_WS_QUEUED_EVENTS", 100, minimum=1)
 
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [

@@ -1,25 +1,38 @@
 """The operators' stream: /ws/v1/approvals/ — approvals appearing and being decided.
 
 Staff sessions only. The consumer listens to the streams of the tenants the
-user operates and re-checks, per message, that the user may decide that tool.
+user operates (through this process's feed of each, apps.invocations.fanout) and
+re-checks, per message, that the user may decide that tool. Checks run in the
+consumer's own task, so a slow one never holds up the feed; a stream whose
+queue fills up anyway is closed with 4008 and the console re-reads the list.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.conf import settings
 
+from apps.invocations.consumers import CLOSE_INTERNAL, CLOSE_TOO_SLOW, NO_CHANNEL
 from apps.invocations.events import remember_server_loop, tenant_group
+from apps.invocations.fanout import feeds_for
 from apps.invocations.streams import CLOSE_FORBIDDEN, refuse
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
 
+logger = logging.getLogger(__name__)
+
 
 class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
+    channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
     groups_joined: list[str]
+    sender: asyncio.Future[None] | None = None
 
     async def connect(self) -> None:
         remember_server_loop()
@@ -29,20 +42,44 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             await refuse(self, CLOSE_FORBIDDEN)
             return
         self.decidable: dict[str, bool] = {}
+        self.queued: asyncio.Queue[tuple[dict[str, Any], str]] = asyncio.Queue(
+            maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
+        )
         await self.accept()
+        self.sender = asyncio.ensure_future(self._send_queued())
+        layer = get_channel_layer()
         for tenant_id in await self._tenant_ids(user):
             group = tenant_group(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
+            await feeds_for(layer).subscribe(layer, group, self)
             self.groups_joined.append(group)
 
     async def disconnect(self, code: int) -> None:
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if self.sender is not None:
+            self.sender.cancel()
+        groups, self.groups_joined = self.groups_joined, []
+        for group in groups:
+            await feeds_for(get_channel_layer()).unsubscribe(group, self)
 
-    async def approval_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
-        if await self._may_decide(event["toolId"]):
-            await self.send_json(event)
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        """An approval event from a tenant's feed; checked and sent by `_send_queued`."""
+        if self.sender is None or self.sender.done():
+            return
+        try:
+            self.queued.put_nowait((event, text))
+        except asyncio.QueueFull:
+            logger.info("closing an approvals stream that cannot keep up")
+            self.sender.cancel()
+            await self.close(code=CLOSE_TOO_SLOW)
+
+    async def _send_queued(self) -> None:
+        try:
+            while True:
+                event, text = await self.queued.get()
+                if await self._may_decide(event["toolId"]):
+                    await self.send(text_data=text)
+        except Exception:
+            logger.exception("approvals stream failed; closing it")
+            await self.close(code=CLOSE_INTERNAL)
 
     @database_sync_to_async
     def _tenant_ids(self, user: Any) -> list[int]:

@@ -16,16 +16,18 @@ filled from the database.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from apps.invocations.events import remember_server_loop, run_group
+from apps.invocations.fanout import encode, feeds_for
 from apps.invocations.models import RunEvent
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
@@ -38,8 +40,10 @@ from apps.invocations.streams import (
 logger = logging.getLogger(__name__)
 
 REPLAY_BATCH = 100
-GROUP_REFRESH_S = 3600
 CLOSE_TOO_SLOW = 4008
+CLOSE_INTERNAL = 1011
+# An alias absent from CHANNEL_LAYERS: channels then gives the consumer no channel.
+NO_CHANNEL = "toolhub.no-channel"
 
 
 class SendBudget:
@@ -50,22 +54,41 @@ class SendBudget:
         self.tokens = float(burst)
         self.at = time.monotonic()
 
-    def wait_for(self, size: int) -> float:
+    def _refill(self) -> None:
         now = time.monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
+
+    def take(self, size: int) -> bool:
+        """Spend `size` now if the budget has it; otherwise spend nothing."""
+        self._refill()
+        if self.tokens < size:
+            return False
+        self.tokens -= size
+        return True
+
+    def wait_for(self, size: int) -> float:
+        self._refill()
         self.tokens -= size
         return max(0.0, -self.tokens / self.rate)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    # Live events arrive through the process's Feed for the run, not through a
+    # channel of the consumer's own: no per-stream channel is created.
+    channel_layer_alias = NO_CHANNEL
+
     tenant_id: int
     run_id: str
+    group: str | None = None
     last_seq: int = 0
     slot: Any = None
     paced_since: float | None = None
     gone: bool = False
-    refresher: asyncio.Future[None] | None = None
+    # While `sending` runs (catching up, pacing, filling a gap), live events
+    # wait in `queued`; otherwise `offer` writes them to the socket at once.
+    sending: asyncio.Future[None] | None = None
+    overflowed: bool = False
 
     async def connect(self) -> None:
         remember_server_loop()
@@ -85,73 +108,92 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.tenant_id = access.tenant_id
         self.last_seq = after
         self.budget = SendBudget(settings.TOOLHUB_WS_SEND_RATE, settings.TOOLHUB_WS_SEND_BURST)
+        self.queued: deque[tuple[int, str]] = deque()
         await self.accept()
-        await self.channel_layer.group_add(
-            run_group(self.tenant_id, self.run_id), self.channel_name
-        )
-        self.refresher = asyncio.ensure_future(self._keep_membership())
-        await self._send_from_database()
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Live events skip channels' per-message database-connection cleanup (a
-        thread hop per subscriber per event): their handler touches the database only
-        through database_sync_to_async, which cleans up after itself."""
-        if message.get("type") == "run.event":
-            await self.run_event(message)
-        else:
-            await super().dispatch(message)
-
-    async def _keep_membership(self) -> None:
-        """Group membership expires (channel layer group_expiry): re-join hourly so a
-        stream open for days keeps receiving live events."""
-        group = run_group(self.tenant_id, self.run_id)
-        while not self.gone:
-            await asyncio.sleep(GROUP_REFRESH_S)
-            await self.channel_layer.group_add(group, self.channel_name)
+        # Subscribe first, then replay: live events that arrive meanwhile queue
+        # behind the replay and are dropped there if the replay already sent them.
+        self.sending = asyncio.get_running_loop().create_future()
+        self.group = run_group(self.tenant_id, self.run_id)
+        layer = get_channel_layer()
+        await feeds_for(layer).subscribe(layer, self.group, self)
+        self.sending = asyncio.ensure_future(self._send_queued(replay=True))
 
     async def disconnect(self, code: int) -> None:
         self.gone = True
-        if self.refresher is not None:
-            self.refresher.cancel()
+        if self.sending is not None:
+            self.sending.cancel()
         if self.slot is not None:
             self.slot.release()
             self.slot = None
-        if hasattr(self, "tenant_id"):
-            await self.channel_layer.group_discard(
-                run_group(self.tenant_id, self.run_id), self.channel_name
-            )
+        if self.group is not None:
+            group, self.group = self.group, None
+            await feeds_for(get_channel_layer()).unsubscribe(group, self)
 
-    async def run_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        """A live event from the run's feed (see apps.invocations.fanout)."""
         seq = int(event["seq"])
         if self.gone or seq <= self.last_seq:
             return  # closed, or already replayed
-        if seq > self.last_seq + 1:
-            await self._send_from_database()  # a push overtook another, or one was dropped
-            if self.gone or seq <= self.last_seq:
-                return
-        await self._deliver(event)
+        if self.sending is None and seq == self.last_seq + 1 and self.budget.take(len(text)):
+            self.paced_since = None
+            self.last_seq = seq
+            await self.base_send({"type": "websocket.send", "text": text})
+            return
+        if len(self.queued) >= settings.TOOLHUB_WS_QUEUED_EVENTS:
+            # Bounded: forget the queue and re-read it from the database.
+            self.queued.clear()
+            self.overflowed = True
+        self.queued.append((seq, text))
+        if self.sending is None:
+            self.sending = asyncio.ensure_future(self._send_queued())
+
+    async def _send_queued(self, replay: bool = False) -> None:
+        try:
+            if replay:
+                await self._send_from_database()
+            while not self.gone:
+                if self.overflowed:
+                    self.overflowed = False
+                    await self._send_from_database()
+                    continue
+                if not self.queued:
+                    break
+                seq, text = self.queued.popleft()
+                if seq <= self.last_seq:
+                    continue
+                if seq > self.last_seq + 1:
+                    # A push overtook another, or one was dropped: the database has both.
+                    await self._send_from_database()
+                    if seq <= self.last_seq:
+                        continue
+                await self._deliver(seq, text)
+        except Exception:
+            logger.exception("run stream %s failed; closing it", self.run_id)
+            await self._close(CLOSE_INTERNAL)
+        finally:
+            if not self.gone and self.sending is asyncio.current_task():
+                self.sending = None
 
     async def _send_from_database(self) -> None:
         while not self.gone:
             events = await self._events_after(self.last_seq)
             for event in events:
-                if not await self._deliver(event):
+                if not await self._deliver(int(event["seq"]), encode(event)):
                     return
             if len(events) < REPLAY_BATCH:
                 return
 
-    async def _deliver(self, event: dict[str, Any]) -> bool:
+    async def _deliver(self, seq: int, text: str) -> bool:
         """Send one event within the byte budget; False once the stream is closed."""
-        text = json.dumps(event, separators=(",", ":"))
+        if self.gone:
+            return False
         wait = self.budget.wait_for(len(text))
         if wait > 0:
             now = time.monotonic()
             self.paced_since = self.paced_since or now
             if now - self.paced_since > settings.TOOLHUB_WS_SLOW_CLIENT_SECONDS:
                 logger.info("closing a run stream that cannot keep up (%s)", self.run_id)
-                self.gone = True
-                await self.close(code=CLOSE_TOO_SLOW)
+                await self._close(CLOSE_TOO_SLOW)
                 return False
             await asyncio.sleep(wait)
             if self.gone:
@@ -159,8 +201,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         else:
             self.paced_since = None
         await self.send(text_data=text)
-        self.last_seq = int(event["seq"])
+        self.last_seq = seq
         return True
+
+    async def _close(self, code: int) -> None:
+        self.gone = True
+        self.queued.clear()
+        await self.close(code=code)
 
     @database_sync_to_async
     def _events_after(self, seq: int) -> list[dict[str, Any]]:

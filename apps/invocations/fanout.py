@@ -1,0 +1,156 @@
+"""Live fan-out inside one server process: one channel-layer subscription per group.
+
+A run with a thousand open streams in a process used to be a thousand group
+members: the layer copied every event a thousand times, every consumer woke up,
+dispatched it and encoded the same JSON again. Now each process joins a group
+*once*, through a `Feed`. The feed reads the group's messages in one task,
+encodes each event once and hands the text to every local subscriber, which
+writes it to its socket straight away unless it must queue it (it is catching
+up, pacing a slow client, or saw a gap). Processes still fan out to each other
+through the channel layer (Redis in scale-out mode): one group member each.
+
+Feeds belong to the event loop that serves the streams (Daphne has one); the
+first subscriber to a group starts its feed, the last one to leave stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+# Group membership expires in the channel layer (group_expiry, a day): a feed
+# re-joins hourly so a stream open for days keeps receiving live events.
+GROUP_REFRESH_S = 3600.0
+# A feed whose layer fails (Redis restarted...) retries after this long.
+RETRY_S = 1.0
+# Other tasks on the loop (HTTP requests, handshakes) get a turn this often
+# while one event is handed to many subscribers.
+YIELD_EVERY = 200
+
+
+def encode(event: dict[str, Any]) -> str:
+    """The one wire encoding of an event, live and replayed alike."""
+    return json.dumps(event, separators=(",", ":"))
+
+
+class Subscriber(Protocol):
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        """Take one live event. Must not wait on the client: a subscriber that
+        cannot send now queues the event for its own task."""
+
+
+class Feed:
+    """One group's live events in this process, read once, handed to every subscriber."""
+
+    def __init__(self, layer: Any, group: str) -> None:
+        self.layer, self.group = layer, group
+        self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set
+        self.channel: str | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.ready = asyncio.Event()
+
+    async def start(self) -> None:
+        try:
+            self.channel = await self.layer.new_channel()
+            await self.layer.group_add(self.group, self.channel)
+            self.tasks = [
+                asyncio.ensure_future(self._read()),
+                asyncio.ensure_future(self._keep_membership()),
+            ]
+        finally:
+            self.ready.set()
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.channel is not None:
+            try:
+                await self.layer.group_discard(self.group, self.channel)
+            except Exception:
+                logger.exception("could not leave group %s", self.group)
+
+    async def _read(self) -> None:
+        assert self.channel is not None
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Events stay persisted; subscribers fill the gap from the
+                # database when the next one arrives.
+                logger.exception("feed for %s could not read; retrying", self.group)
+                await asyncio.sleep(RETRY_S)
+                await self._join()
+                continue
+            event = message.get("event")
+            if isinstance(event, dict):
+                await self.hand_out(event)
+
+    async def hand_out(self, event: dict[str, Any]) -> None:
+        text = encode(event)
+        for n, subscriber in enumerate(tuple(self.subscribers)):
+            try:
+                await subscriber.offer(event, text)
+            except Exception:
+                logger.exception("a subscriber of %s failed to take an event", self.group)
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+
+    async def _keep_membership(self) -> None:
+        while True:
+            await asyncio.sleep(GROUP_REFRESH_S)
+            await self._join()
+
+    async def _join(self) -> None:
+        try:
+            await self.layer.group_add(self.group, self.channel)
+        except Exception:
+            logger.exception("could not re-join group %s", self.group)
+
+
+class Feeds:
+    """The feeds of one event loop and channel layer, by group."""
+
+    def __init__(self) -> None:
+        self.by_group: dict[str, Feed] = {}
+
+    async def subscribe(self, layer: Any, group: str, subscriber: Subscriber) -> None:
+        feed = self.by_group.get(group)
+        if feed is None:
+            feed = self.by_group[group] = Feed(layer, group)
+            feed.subscribers[subscriber] = None
+            try:
+                await feed.start()
+            except BaseException:
+                if self.by_group.get(group) is feed:
+                    del self.by_group[group]
+                raise
+        else:
+            feed.subscribers[subscriber] = None
+            await feed.ready.wait()
+
+    async def unsubscribe(self, group: str, subscriber: Subscriber) -> None:
+        feed = self.by_group.get(group)
+        if feed is None:
+            return
+        feed.subscribers.pop(subscriber, None)
+        if not feed.subscribers:
+            del self.by_group[group]
+            await feed.stop()
+
+
+_feeds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Feeds]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def feeds_for(layer: Any) -> Feeds:
+    """This loop's feeds on `layer` (tests run one loop per test; Daphne one in all)."""
+    per_layer = _feeds.setdefault(asyncio.get_running_loop(), {})
+    return per_layer.setdefault(id(layer), Feeds())

@@ -1,0 +1,301 @@
+"""In-process fan-out: one channel-layer subscription per run per process (apps.invocations.fanout).
+
+These run toolhub's ASGI application in the test process with channels'
+WebsocketCommunicator, so the channel layer's groups can be inspected. Events are
+emitted with `events.emit` from a worker thread, the way the runner emits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from guardian.shortcuts import assign_perm
+
+from apps.approvals.consumers import ApprovalsConsumer
+from apps.invocations import fanout
+from apps.invocations.consumers import RunConsumer
+from apps.invocations.events import emit, run_group, tenant_group
+from apps.invocations.fanout import Feed, feeds_for
+from apps.tools.models import Tool
+from tests.conftest import make_agent
+from toolhub.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def acme():
+    return make_agent("acme")
+
+
+@pytest.fixture
+async def layer() -> AsyncIterator[Any]:
+    layer = get_channel_layer()
+    await layer.flush()
+    yield layer
+    await layer.flush()
+
+
+async def open_stream(agent, run_id: str, after: int | None = None) -> WebsocketCommunicator:
+    path = f"/ws/v1/runs/{run_id}/" + ("" if after is None else f"?after={after}")
+    stream = WebsocketCommunicator(
+        application, path, headers=[(b"authorization", f"Bearer {agent.key}".encode())]
+    )
+    connected, _ = await stream.connect()
+    assert connected
+    return stream
+
+
+@database_sync_to_async
+def emit_calls(agent, run_id: str, count: int) -> list[int]:
+    """`count` tool_call_start events on the run, committed and pushed one by one."""
+    return [
+        emit(agent.tenant, run_id, "tool_call_start", tool_call_id=f"c{i}", tool_id="t__x")["seq"]
+        for i in range(count)
+    ]
+
+
+async def read(stream: WebsocketCommunicator, count: int) -> list[int]:
+    return [(await stream.receive_json_from(timeout=5))["seq"] for _ in range(count)]
+
+
+def members(layer: Any, group: str) -> set[str]:
+    return set(layer.groups.get(group, {}))
+
+
+# ------------------------------------------------------------ through the consumer
+
+
+async def test_streams_of_one_run_share_one_group_member_and_all_get_every_event(acme, layer):
+    group = run_group(acme.tenant.pk, "fan-share")
+    streams = [await open_stream(acme, "fan-share") for _ in range(5)]
+    other = await open_stream(acme, "fan-other")
+
+    assert len(members(layer, group)) == 1
+    assert len(members(layer, run_group(acme.tenant.pk, "fan-other"))) == 1
+
+    assert await emit_calls(acme, "fan-share", 3) == [1, 2, 3]
+    for stream in streams:
+        assert await read(stream, 3) == [1, 2, 3]
+        assert await stream.receive_nothing(0.1)
+    assert await other.receive_nothing(0.1)  # another run's stream hears nothing
+
+    # Streams leave one by one; the member stays until the last has gone.
+    for stream in streams[:-1]:
+        await stream.disconnect()
+    assert len(members(layer, group)) == 1
+    assert await emit_calls(acme, "fan-share", 1) == [4]
+    assert await read(streams[-1], 1) == [4]
+
+    await streams[-1].disconnect()
+    assert members(layer, group) == set()
+    assert group not in feeds_for(layer).by_group
+    await other.disconnect()
+
+
+async def test_a_stream_opened_after_the_feed_started_replays_then_goes_live(acme, layer):
+    first = await open_stream(acme, "fan-late")
+    await emit_calls(acme, "fan-late", 2)
+    assert await read(first, 2) == [1, 2]
+
+    late = await open_stream(acme, "fan-late", after=1)
+    assert await read(late, 1) == [2]  # from the database
+    await emit_calls(acme, "fan-late", 1)
+    assert await read(late, 1) == [3]  # live, through the existing feed
+    assert await read(first, 1) == [3]
+    assert await late.receive_nothing(0.1)
+    await first.disconnect()
+    await late.disconnect()
+
+
+async def test_a_paced_stream_that_overflows_its_queue_reads_the_rest_from_the_database(
+    acme, layer, settings, monkeypatch
+):
+    # A budget of about three events, refilled at ~5 events a second, and room to
+    # queue only two: most of the ten events are dropped from the queue and must be
+    # read back from the database, in order, once.
+    settings.TOOLHUB_WS_SEND_BURST = 600
+    settings.TOOLHUB_WS_SEND_RATE = 1024
+    settings.TOOLHUB_WS_QUEUED_EVENTS = 2
+    refills = 0
+    original = RunConsumer._send_from_database
+
+    async def counted(self: RunConsumer) -> None:
+        nonlocal refills
+        refills += 1
+        await original(self)
+
+    monkeypatch.setattr(RunConsumer, "_send_from_database", counted)
+    stream = await open_stream(acme, "fan-slow")
+    refills = 0  # the replay at connect does not count
+
+    assert await emit_calls(acme, "fan-slow", 10) == list(range(1, 11))
+    assert await read(stream, 10) == list(range(1, 11))
+    assert await stream.receive_nothing(0.3)
+    assert refills >= 1
+    await stream.disconnect()
+
+
+# ------------------------------------------------------------ the feed itself
+
+
+class Recorder:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[tuple[int, str]] = []
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        if self.fail:
+            raise RuntimeError("this subscriber is broken")
+        self.seen.append((event["seq"], text))
+
+
+async def until(condition, timeout: float = 3.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def run_event(seq: int) -> dict[str, Any]:
+    return {"type": "run.event", "event": {"seq": seq, "type": "tool_call_start", "x": "é"}}
+
+
+async def test_a_feed_encodes_once_and_a_failing_subscriber_does_not_stop_the_others(caplog):
+    layer = InMemoryChannelLayer()
+    feeds = fanout.Feeds()
+    good, bad, also_good = Recorder(), Recorder(fail=True), Recorder()
+    for subscriber in (good, bad, also_good):
+        await feeds.subscribe(layer, "run.g", subscriber)
+
+    await layer.group_send("run.g", run_event(1))
+    await layer.group_send("run.g", run_event(2))
+    await until(lambda: len(also_good.seen) == 2)
+
+    assert good.seen == also_good.seen
+    assert [seq for seq, _ in good.seen] == [1, 2]
+    assert good.seen[0][1] == '{"seq":1,"type":"tool_call_start","x":"\\u00e9"}'
+    assert good.seen[0][1] is also_good.seen[0][1]  # one encoding, shared
+    assert "this subscriber is broken" in caplog.text
+
+    for subscriber in (good, bad, also_good):
+        await feeds.unsubscribe("run.g", subscriber)
+    assert feeds.by_group == {}
+    assert layer.groups.get("run.g", {}) == {}
+
+
+async def test_a_feed_rejoins_its_group_when_the_membership_expires(monkeypatch):
+    monkeypatch.setattr(fanout, "GROUP_REFRESH_S", 0.05)
+    layer = InMemoryChannelLayer()
+    feeds = fanout.Feeds()
+    recorder = Recorder()
+    await feeds.subscribe(layer, "run.r", recorder)
+    feed: Feed = feeds.by_group["run.r"]
+
+    await layer.group_discard("run.r", feed.channel)  # as group_expiry would
+    await until(lambda: feed.channel in layer.groups.get("run.r", {}))
+    await layer.group_send("run.r", run_event(1))
+    await until(lambda: len(recorder.seen) == 1)
+    await feeds.unsubscribe("run.r", recorder)
+
+
+class FlakyLayer(InMemoryChannelLayer):
+    """A real in-memory layer whose next receive fails, like a dropped Redis connection."""
+
+    failures = 1
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("connection reset")
+        return await super().receive(channel)
+
+
+async def test_a_feed_keeps_reading_after_the_layer_fails(monkeypatch, caplog):
+    monkeypatch.setattr(fanout, "RETRY_S", 0.01)
+    layer = FlakyLayer()
+    feeds = fanout.Feeds()
+    recorder = Recorder()
+    await feeds.subscribe(layer, "run.f", recorder)
+    await until(lambda: layer.failures == 0)
+    await layer.group_send("run.f", run_event(1))
+    await until(lambda: len(recorder.seen) == 1)
+    assert "could not read; retrying" in caplog.text
+    await feeds.unsubscribe("run.f", recorder)
+
+
+# ------------------------------------------------------------ the operators' stream
+
+
+@pytest.fixture
+def operator_of_acme(acme, test_tools):
+    user = User.objects.create_user("op", password="pw-for-tests-only", is_staff=True)
+    acme.tenant.members.add(user)
+    assign_perm("tools.decide_approval", user, Tool.objects.get(pk="test__confirm"))
+    return user
+
+
+async def open_approvals(user) -> WebsocketCommunicator:
+    stream = WebsocketCommunicator(ApprovalsConsumer.as_asgi(), "/ws/v1/approvals/")
+    stream.scope["user"] = user
+    connected, _ = await stream.connect()
+    assert connected
+    return stream
+
+
+@database_sync_to_async
+def emit_approvals(agent, tool_id: str, count: int) -> None:
+    for i in range(count):
+        emit(
+            agent.tenant,
+            "fan-approvals",
+            "approval_required",
+            tool_call_id=f"a{i}",
+            tool_id=tool_id,
+            approvalId=f"ap-{i}",
+        )
+
+
+async def test_operators_streams_share_the_tenants_feed_and_see_only_decidable_tools(
+    acme, operator_of_acme, layer
+):
+    streams = [await open_approvals(operator_of_acme) for _ in range(3)]
+    assert len(members(layer, tenant_group(acme.tenant.pk))) == 1
+
+    await emit_approvals(acme, "test__echo", 1)  # not decidable by this operator
+    await emit_approvals(acme, "test__confirm", 2)
+    for stream in streams:
+        got = [await stream.receive_json_from(timeout=5) for _ in range(2)]
+        assert [(e["type"], e["toolId"], e["seq"]) for e in got] == [
+            ("approval_required", "test__confirm", 2),
+            ("approval_required", "test__confirm", 3),
+        ]
+        assert await stream.receive_nothing(0.1)
+        await stream.disconnect()
+    assert members(layer, tenant_group(acme.tenant.pk)) == set()
+
+
+async def test_an_approvals_stream_that_cannot_keep_up_is_closed_with_4008(
+    acme, operator_of_acme, layer, settings, monkeypatch
+):
+    settings.TOOLHUB_WS_QUEUED_EVENTS = 2
+    checking = asyncio.Event()
+
+    async def stuck(self: ApprovalsConsumer, tool_id: str) -> bool:
+        checking.set()
+        await asyncio.sleep(30)  # a permission check that never comes back
+        return True
+
+    monkeypatch.setattr(ApprovalsConsumer, "_may_decide", stuck)
+    stream = await open_approvals(operator_of_acme)
+    await emit_approvals(acme, "test__confirm", 4)  # one being checked, two queued, one too many
+    assert (await stream.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4008}
+    assert checking.is_set()
+    await stream.disconnect()
