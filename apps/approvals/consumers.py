@@ -50,7 +50,13 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
         layer = get_channel_layer()
         for tenant_id in await self._tenant_ids(user):
             group = tenant_group(tenant_id)
-            await feeds_for(layer).subscribe(layer, group, self)
+            try:
+                await feeds_for(layer).subscribe(layer, group, self)
+            except Exception:
+                logger.exception("approvals stream could not subscribe to live events")
+                self.sender.cancel()
+                await self.close(code=CLOSE_INTERNAL)
+                return
             self.groups_joined.append(group)
 
     async def disconnect(self, code: int) -> None:

@@ -115,7 +115,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.sending = asyncio.get_running_loop().create_future()
         self.group = run_group(self.tenant_id, self.run_id)
         layer = get_channel_layer()
-        await feeds_for(layer).subscribe(layer, self.group, self)
+        try:
+            await feeds_for(layer).subscribe(layer, self.group, self)
+        except Exception:
+            logger.exception("run stream %s could not subscribe to live events", self.run_id)
+            self.group = None
+            await self._close(CLOSE_INTERNAL)
+            return
         self.sending = asyncio.ensure_future(self._send_queued(replay=True))
 
     async def disconnect(self, code: int) -> None:

@@ -38,6 +38,10 @@ def encode(event: dict[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"))
 
 
+class FeedUnavailable(Exception):
+    """The channel layer refused a feed's subscription (Redis down...)."""
+
+
 class Subscriber(Protocol):
     async def offer(self, event: dict[str, Any], text: str) -> None:
         """Take one live event. Must not wait on the client: a subscriber that
@@ -134,6 +138,9 @@ class Feeds:
         else:
             feed.subscribers[subscriber] = None
             await feed.ready.wait()
+            if not feed.tasks:  # its start failed: the first subscriber has the error
+                feed.subscribers.pop(subscriber, None)
+                raise FeedUnavailable(f"could not subscribe to {group}")
 
     async def unsubscribe(self, group: str, subscriber: Subscriber) -> None:
         feed = self.by_group.get(group)

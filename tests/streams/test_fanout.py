@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from channels import DEFAULT_CHANNEL_LAYER
 from channels.db import database_sync_to_async
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from guardian.shortcuts import assign_perm
@@ -299,3 +300,48 @@ async def test_an_approvals_stream_that_cannot_keep_up_is_closed_with_4008(
     assert (await stream.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4008}
     assert checking.is_set()
     await stream.disconnect()
+
+
+class RefusingLayer(InMemoryChannelLayer):
+    """A real in-memory layer that refuses group membership, like an unreachable Redis."""
+
+    async def group_add(self, group: str, channel: str) -> None:
+        await asyncio.sleep(0.05)
+        raise ConnectionError("redis is down")
+
+
+async def test_subscribers_to_a_feed_that_cannot_start_all_get_the_error():
+    feeds = fanout.Feeds()
+    layer = RefusingLayer()
+    results = await asyncio.gather(
+        feeds.subscribe(layer, "run.x", Recorder()),
+        feeds.subscribe(layer, "run.x", Recorder()),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], ConnectionError)
+    assert isinstance(results[1], fanout.FeedUnavailable)
+    assert feeds.by_group == {}
+
+
+@pytest.fixture
+def refusing_layer():
+    previous = channel_layers.set(DEFAULT_CHANNEL_LAYER, RefusingLayer())
+    yield
+    channel_layers.set(DEFAULT_CHANNEL_LAYER, previous)
+
+
+async def test_a_stream_that_cannot_subscribe_is_closed_with_1011_and_frees_its_slot(
+    acme, refusing_layer, settings, caplog
+):
+    settings.TOOLHUB_WS_MAX_PER_PRINCIPAL = 1
+    for _ in range(2):  # the second would get 4429 if the first kept its slot
+        stream = WebsocketCommunicator(
+            application,
+            "/ws/v1/runs/fan-down/",
+            headers=[(b"authorization", f"Bearer {acme.key}".encode())],
+        )
+        connected, _ = await stream.connect()
+        assert connected
+        assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 1011}
+        await stream.disconnect()
+    assert "could not subscribe to live events" in caplog.text
