@@ -1,17 +1,19 @@
 """The run stream: /ws/v1/runs/{runId}/?after=<seq>.
 
 Replays persisted events after `after`, then continues live with no gap and no
-duplicate at the seam: the consumer joins the run's group before replaying,
+duplicate at the seam: the consumer subscribes to the run's feed before replaying,
 drops live events it already sent, and fills any gap it sees from the database.
+
+Live events come from this process's Feed of the run (apps.invocations.fanout),
+already encoded; an up-to-date stream writes them to its socket at once.
 
 Memory stays bounded for clients that do not read: the ASGI server buffers what
 it is handed without limit, so the consumer hands it at most a byte budget per
 second (replay included), and a stream that has needed pacing for longer than
 TOOLHUB_WS_SLOW_CLIENT_SECONDS is closed with 4008; the client may reconnect with
-?after=<last seq>. While a consumer waits, new events queue in the channel layer,
-which holds a bounded number per channel and drops the rest; the gap is then
-filled from the database.
-"""
+?after=<last seq>. While a stream waits, live events queue for it, at most
+TOOLHUB_WS_QUEUED_EVENTS of them; past that it drops the queue and reads the
+events from the database when it can send again."""
 
 from __future__ import annotations
 
