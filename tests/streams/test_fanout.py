@@ -16,7 +16,10 @@ from channels import DEFAULT_CHANNEL_LAYER
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.conf import settings
 from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
+from django.test import Client
 from guardian.shortcuts import assign_perm
 
 from apps.approvals.consumers import ApprovalsConsumer
@@ -345,3 +348,45 @@ async def test_a_stream_that_cannot_subscribe_is_closed_with_1011_and_frees_its_
         assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 1011}
         await stream.disconnect()
     assert "could not subscribe to live events" in caplog.text
+
+
+# ------------------------------------------------------------ the session, read-only
+
+
+@pytest.fixture
+def staff_session(acme):
+    user = User.objects.create_user("ops", password="pw-for-tests-only", is_staff=True)
+    acme.tenant.members.add(user)
+    client = Client()
+    client.force_login(user)
+    key = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return key, Session.objects.get(pk=key).expire_date
+
+
+def with_cookie(path: str, cookie: str) -> WebsocketCommunicator:
+    return WebsocketCommunicator(
+        application,
+        path,
+        headers=[(b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())],
+    )
+
+
+async def test_a_session_stream_reads_the_session_and_never_writes_it(acme, staff_session, layer):
+    key, expires = staff_session
+    stream = with_cookie("/ws/v1/runs/fan-session/", key)
+    connected, _ = await stream.connect()
+    assert connected
+    await emit_calls(acme, "fan-session", 2)
+    assert await read(stream, 2) == [1, 2]
+    await stream.disconnect()
+    session = await database_sync_to_async(Session.objects.get)(pk=key)
+    assert session.expire_date == expires
+
+
+@pytest.mark.parametrize("cookie", ["", "not-a-session-key", "x" * 40])
+async def test_a_stream_with_a_bad_session_cookie_and_nothing_else_is_refused(acme, cookie):
+    stream = with_cookie("/ws/v1/runs/fan-session/", cookie)
+    connected, _ = await stream.connect()
+    assert connected
+    assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
+    await stream.disconnect()
