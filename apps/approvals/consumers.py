@@ -77,6 +77,10 @@ class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
             self.sender.cancel()
             await self.close(code=CLOSE_TOO_SLOW)
 
+    async def catch_up(self) -> None:
+        """Nothing to re-read: this stream has no replay. The console re-reads its
+        list whenever a message arrives and after every reconnect."""
+
     async def _send_queued(self) -> None:
         try:
             while True:

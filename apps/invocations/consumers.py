@@ -155,6 +155,14 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if self.sending is None:
             self.sending = asyncio.ensure_future(self._send_queued())
 
+    async def catch_up(self) -> None:
+        """The feed may have missed events: read the database once the queue is sent."""
+        if self.gone:
+            return
+        self.overflowed = True
+        if self.sending is None:
+            self.sending = asyncio.ensure_future(self._send_queued())
+
     async def _send_queued(self, replay: bool = False) -> None:
         try:
             if replay:

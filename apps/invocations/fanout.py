@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ class Subscriber(Protocol):
     async def offer(self, event: dict[str, Any], text: str) -> None:
         """Take one live event. Must not wait on the client: a subscriber that
         cannot send now queues the event for its own task."""
+
+    async def catch_up(self) -> None:
+        """The feed may have missed events (its layer failed): re-read what can be
+        re-read. Must not wait on the client either."""
 
 
 class Feed:
@@ -86,11 +91,12 @@ class Feed:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # Events stay persisted; subscribers fill the gap from the
-                # database when the next one arrives.
+                # Events pushed meanwhile may be lost to the feed, but they are
+                # persisted: once the layer answers again, subscribers re-read them.
                 logger.exception("feed for %s could not read; retrying", self.group)
                 await asyncio.sleep(RETRY_S)
-                await self._join()
+                if await self._join():
+                    await self._each(lambda subscriber: subscriber.catch_up())
                 continue
             event = message.get("event")
             if isinstance(event, dict):
@@ -98,9 +104,12 @@ class Feed:
 
     async def hand_out(self, event: dict[str, Any]) -> None:
         text = encode(event)
+        await self._each(lambda subscriber: subscriber.offer(event, text))
+
+    async def _each(self, call: Callable[[Subscriber], Awaitable[None]]) -> None:
         for n, subscriber in enumerate(tuple(self.subscribers)):
             try:
-                await subscriber.offer(event, text)
+                await call(subscriber)
             except Exception:
                 logger.exception("a subscriber of %s failed to take an event", self.group)
             if n % YIELD_EVERY == YIELD_EVERY - 1:
@@ -111,11 +120,13 @@ class Feed:
             await asyncio.sleep(GROUP_REFRESH_S)
             await self._join()
 
-    async def _join(self) -> None:
+    async def _join(self) -> bool:
         try:
             await self.layer.group_add(self.group, self.channel)
         except Exception:
             logger.exception("could not re-join group %s", self.group)
+            return False
+        return True
 
 
 class Feeds:

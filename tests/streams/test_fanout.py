@@ -23,7 +23,7 @@ from django.test import Client
 from guardian.shortcuts import assign_perm
 
 from apps.approvals.consumers import ApprovalsConsumer
-from apps.invocations import fanout
+from apps.invocations import events, fanout
 from apps.invocations.consumers import RunConsumer
 from apps.invocations.events import emit, run_group, tenant_group
 from apps.invocations.fanout import Feed, feeds_for
@@ -154,11 +154,15 @@ class Recorder:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.seen: list[tuple[int, str]] = []
+        self.caught_up = 0
 
     async def offer(self, event: dict[str, Any], text: str) -> None:
         if self.fail:
             raise RuntimeError("this subscriber is broken")
         self.seen.append((event["seq"], text))
+
+    async def catch_up(self) -> None:
+        self.caught_up += 1
 
 
 async def until(condition, timeout: float = 3.0) -> None:
@@ -229,6 +233,7 @@ async def test_a_feed_keeps_reading_after_the_layer_fails(monkeypatch, caplog):
     recorder = Recorder()
     await feeds.subscribe(layer, "run.f", recorder)
     await until(lambda: layer.failures == 0)
+    await until(lambda: recorder.caught_up == 1)  # told it may have missed events
     await layer.group_send("run.f", run_event(1))
     await until(lambda: len(recorder.seen) == 1)
     assert "could not read; retrying" in caplog.text
@@ -389,4 +394,47 @@ async def test_a_stream_with_a_bad_session_cookie_and_nothing_else_is_refused(ac
     connected, _ = await stream.connect()
     assert connected
     assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
+    await stream.disconnect()
+
+
+class BreakableLayer(InMemoryChannelLayer):
+    """A real in-memory layer whose reader fails when told to, like a Redis that restarts."""
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        message = await super().receive(channel)
+        if message["type"] == "test.break":
+            raise ConnectionError("connection reset by peer")
+        return message
+
+
+@pytest.fixture
+def breakable_layer(monkeypatch):
+    monkeypatch.setattr(fanout, "RETRY_S", 0.01)
+    layer = BreakableLayer()
+    previous = channel_layers.set(DEFAULT_CHANNEL_LAYER, layer)
+    yield layer
+    channel_layers.set(DEFAULT_CHANNEL_LAYER, previous)
+
+
+async def test_events_whose_push_was_lost_while_the_layer_failed_reach_the_stream(
+    acme, breakable_layer, monkeypatch
+):
+    stream = await open_stream(acme, "fan-outage")
+    assert await emit_calls(acme, "fan-outage", 1) == [1]
+    assert await read(stream, 1) == [1]
+
+    # The layer is down: two events are stored but their pushes go nowhere.
+    with monkeypatch.context() as patch:
+        patch.setattr(events, "_push", lambda *args: None)
+        assert await emit_calls(acme, "fan-outage", 2) == [2, 3]
+    assert await stream.receive_nothing(0.2)
+
+    # The feed's read fails, it re-joins, and the stream re-reads what it missed.
+    await breakable_layer.group_send(
+        run_group(acme.tenant.pk, "fan-outage"), {"type": "test.break"}
+    )
+    assert await read(stream, 2) == [2, 3]
+    assert await emit_calls(acme, "fan-outage", 1) == [4]
+    assert await read(stream, 1) == [4]
+    assert await stream.receive_nothing(0.2)
     await stream.disconnect()
