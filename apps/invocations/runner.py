@@ -147,16 +147,22 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
 # ---------------------------------------------------------------- entry point
 
 
+def check_call(call: Call) -> None:
+    """Steps 1-6, the checks every call passes before it may run (or be held), and
+    that an approved call passes again before it runs; a failure raises Refusal."""
+    lookup_tool(call)
+    check_policy(call)
+    check_permission(call)
+    check_connection(call)
+    validate_args(call)
+    apply_rules(call)
+
+
 def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
     """Run one tool call through the whole pipeline and return its record."""
     call = Call.receive(caller, request)
     try:
-        lookup_tool(call)
-        check_policy(call)
-        check_permission(call)
-        check_connection(call)
-        validate_args(call)
-        apply_rules(call)
+        check_call(call)
         replay = find_replay(call)
         if replay is not None:
             return replay
@@ -176,12 +182,7 @@ def resume(approval: ApprovalRequest) -> InvocationRecord:
     waited), the approved args bound by hash, then steps 8-13 on its record."""
     call = _call_for(approval, args=approval.args)
     try:
-        lookup_tool(call)
-        check_policy(call)
-        check_permission(call)
-        check_connection(call)
-        validate_args(call)
-        apply_rules(call)
+        check_call(call)
         if call.request_hash != approval.bound_hash:
             raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
         record_start(call)
