@@ -24,6 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
+from tests.conftest import Agent, allow, make_agent
 from tests.support.server import Server, daphne
 
 OPEN_TIMEOUT = 10.0
@@ -31,6 +32,22 @@ EVENT_TIMEOUT = 15.0
 # How long "nothing arrives" is watched for. Events of one HTTP call are pushed
 # before its response returns, so a short wait after the response is enough.
 QUIET = 1.0
+
+
+@pytest.fixture
+def acme(test_tools: list[str]) -> Agent:
+    """An agent of tenant acme that may call test__echo and test__confirm."""
+    agent = make_agent("acme")
+    allow(agent.tenant, "test__echo", "test__confirm")
+    return agent
+
+
+@pytest.fixture
+def globex(test_tools: list[str]) -> Agent:
+    """An agent of another tenant, globex, allowed the same tools."""
+    agent = make_agent("globex", "agent:other")
+    allow(agent.tenant, "test__echo", "test__confirm")
+    return agent
 
 
 @pytest.fixture

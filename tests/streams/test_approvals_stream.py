@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import allow, make_agent
 from tests.streams.conftest import (
     QUIET,
     KeyClient,
@@ -23,20 +22,6 @@ from tests.streams.conftest import (
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 
 STREAM = "/ws/v1/approvals/"
-
-
-@pytest.fixture
-def acme(test_tools):
-    agent = make_agent("acme")
-    allow(agent.tenant, "test__confirm", "test__echo")
-    return agent
-
-
-@pytest.fixture
-def globex(test_tools):
-    agent = make_agent("globex", "agent:other")
-    allow(agent.tenant, "test__confirm")
-    return agent
 
 
 def hold(server, agent, run_id: str = "run-held") -> dict:

@@ -28,15 +28,9 @@ from apps.invocations.consumers import RunConsumer
 from apps.invocations.events import emit, run_group, tenant_group
 from apps.invocations.fanout import Feed, feeds_for
 from apps.tools.models import Tool
-from tests.conftest import make_agent
 from toolhub.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def acme():
-    return make_agent("acme")
 
 
 @pytest.fixture

@@ -42,20 +42,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
-@pytest.fixture
-def acme(test_tools):
-    agent = make_agent("acme")
-    allow(agent.tenant, "test__echo", "test__confirm")
-    return agent
-
-
-@pytest.fixture
-def globex(test_tools):
-    agent = make_agent("globex", "agent:other")
-    allow(agent.tenant, "test__echo")
-    return agent
-
-
 def bearer(agent) -> dict[str, str]:
     return {"Authorization": f"Bearer {agent.key}"}
 

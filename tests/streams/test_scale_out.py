@@ -27,6 +27,7 @@ from tests.streams.conftest import (
     operator,
     request,
 )
+from tests.support.processes import stop
 from tests.support.redis import redis_server
 from tests.support.server import ROOT, daphne, database_url
 
@@ -77,12 +78,7 @@ def worker(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
             f"the worker exited with {process.returncode}:\n{log.read_text(errors='replace')}"
         )
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout=15)
         log.unlink(missing_ok=True)
 
 

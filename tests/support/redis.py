@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.processes import stop
 from tests.support.server import free_port
 
 REDIS_SERVER = "redis-server"
@@ -61,12 +62,7 @@ def redis_server() -> Iterator[str]:
         _wait_until_up(port, process, log)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

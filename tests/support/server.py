@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from django.db import connection
 
+from tests.support.processes import stop
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,12 +102,7 @@ def daphne(
         _wait_until_up(server, process)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         log.unlink(missing_ok=True)
 
 
