@@ -18,10 +18,15 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from apps.invocations.consumers import CLOSE_INTERNAL, CLOSE_TOO_SLOW, NO_CHANNEL
 from apps.invocations.events import remember_server_loop, tenant_group
 from apps.invocations.fanout import feeds_for
-from apps.invocations.streams import CLOSE_FORBIDDEN, refuse
+from apps.invocations.streams import (
+    CLOSE_FORBIDDEN,
+    CLOSE_INTERNAL,
+    CLOSE_TOO_SLOW,
+    NO_CHANNEL,
+    refuse,
+)
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide

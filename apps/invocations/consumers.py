@@ -34,6 +34,9 @@ from apps.invocations.models import RunEvent
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
+    CLOSE_INTERNAL,
+    CLOSE_TOO_SLOW,
+    NO_CHANNEL,
     StreamAccess,
     connection_slots,
     refuse,
@@ -42,10 +45,6 @@ from apps.invocations.streams import (
 logger = logging.getLogger(__name__)
 
 REPLAY_BATCH = 100
-CLOSE_TOO_SLOW = 4008
-CLOSE_INTERNAL = 1011
-# An alias absent from CHANNEL_LAYERS: channels then gives the consumer no channel.
-NO_CHANNEL = "toolhub.no-channel"
 
 
 class SendBudget:
@@ -152,14 +151,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.queued.clear()
             self.overflowed = True
         self.queued.append((seq, text))
-        if self.sending is None:
-            self.sending = asyncio.ensure_future(self._send_queued())
+        self._start_sending()
 
     async def catch_up(self) -> None:
         """The feed may have missed events: read the database once the queue is sent."""
         if self.gone:
             return
         self.overflowed = True
+        self._start_sending()
+
+    def _start_sending(self) -> None:
         if self.sending is None:
             self.sending = asyncio.ensure_future(self._send_queued())
 

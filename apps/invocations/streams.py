@@ -13,6 +13,11 @@ from apps.tenants.models import Tenant
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_SLOW = 4008
+CLOSE_INTERNAL = 1011
+# Streams receive through this process's feeds (apps.invocations.fanout), so they
+# need no channel of their own: an alias absent from CHANNEL_LAYERS gives them none.
+NO_CHANNEL = "toolhub.no-channel"
 
 
 async def refuse(consumer: Any, code: int) -> None:
