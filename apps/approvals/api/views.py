@@ -8,7 +8,6 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from pydantic import BaseModel, ConfigDict, Field
 from rest_framework import status
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,7 +16,7 @@ from apps.approvals import decisions
 from apps.approvals.api.serializers import ApprovalSerializer, DecisionSerializer
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.tenants.callers import ApiPrincipal
-from toolhub.api import BadRequest, parse_body
+from toolhub.api import BadRequest, NewestFirst, parse_body
 
 
 class DecisionBody(BaseModel):
@@ -32,11 +31,6 @@ def decidable_by(user: Any) -> QuerySet[ApprovalRequest]:
     if isinstance(user, ApiPrincipal):
         return ApprovalRequest.objects.none()  # agents never decide
     return ApprovalRequest.objects.decidable_by(user)
-
-
-class NewestFirst(CursorPagination):
-    ordering = "-created_at"
-    page_size = 50
 
 
 class ApprovalListView(APIView):

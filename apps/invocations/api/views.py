@@ -4,7 +4,6 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -13,14 +12,12 @@ from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
 from apps.tenants.callers import Caller
+from toolhub import api
 from toolhub.api import BadRequest, CallerView, parse_body
 
 
-class NewestFirst(CursorPagination):
-    ordering = "-created_at"
-    page_size = 50
+class NewestFirst(api.NewestFirst):
     page_size_query_param = "pageSize"
-    max_page_size = 200
 
 
 def _records_of(caller: Caller) -> QuerySet[InvocationRecord]:
