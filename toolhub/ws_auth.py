@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from importlib import import_module
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from channels.auth import AuthMiddleware
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
-from channels.security.websocket import OriginValidator
+from channels.security.websocket import WebsocketDenier
 from channels.sessions import CookieMiddleware
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from apps.tenants.models import ApiKey
 
@@ -69,19 +70,75 @@ def WebSocketAuthStack(inner: Any) -> Any:
     )
 
 
-class BrowserOriginValidator(OriginValidator):
-    """A handshake that carries an Origin must come from a page of an allowed host, so
-    no other site can open a stream with a visitor's session cookie. Browsers always
-    send Origin on a WebSocket handshake; one without it is not a browser but an API
-    client (Bearer key, ticket), which channels' AllowedHostsOriginValidator would
-    refuse outright."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
-    def valid_origin(self, parsed_origin: Any) -> bool:
-        return parsed_origin is None or bool(super().valid_origin(parsed_origin))
+
+def _origin(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) with the scheme's default port filled in; None if malformed."""
+    try:
+        parsed = urlsplit(f"{scheme}://{netloc}")
+        port = parsed.port or DEFAULT_PORTS.get(scheme)
+    except ValueError:
+        return None
+    if not parsed.hostname or port is None or scheme not in DEFAULT_PORTS:
+        return None
+    return scheme, parsed.hostname, port
+
+
+def allowed_origin(scope: dict[str, Any], origin: str) -> bool:
+    """Django's CSRF rule for an Origin: the page's own origin, or a trusted one.
+
+    The page's own origin is the scheme of the handshake (wss: https) with its Host,
+    and only for a Host in ALLOWED_HOSTS (a rebound DNS name would otherwise be its
+    own origin). Trusted origins are TOOLHUB_CSRF_TRUSTED_ORIGINS (e.g. the public
+    https origin when TLS ends at a proxy), "https://*.example.com" included.
+    Scheme, host and port must all match: http://host:9999 is another site.
+    """
+    scheme, _, netloc = origin.strip().lower().partition("://")
+    given = _origin(scheme, netloc)
+    if given is None or "/" in netloc:
+        return False
+    headers = dict(scope.get("headers") or [])
+    host = headers.get(b"host", b"").decode("latin-1").lower()
+    own_scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+    domain, _port = split_domain_port(host)
+    if domain and validate_host(domain, allowed_hosts()) and given == _origin(own_scheme, host):
+        return True
+    return any(_is_trusted(given, trusted) for trusted in settings.CSRF_TRUSTED_ORIGINS)
+
+
+def _is_trusted(given: tuple[str, str, int], trusted: str) -> bool:
+    scheme, _, netloc = trusted.lower().partition("://")
+    wildcard = netloc.startswith("*.")
+    wanted = _origin(scheme, netloc[2:] if wildcard else netloc)
+    if wanted is None or not wildcard:
+        return given == wanted
+    return (given[0], given[2]) == (wanted[0], wanted[2]) and given[1].endswith("." + wanted[1])
+
+
+def allowed_hosts() -> list[str]:
+    hosts = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not hosts:
+        hosts = ["localhost", "127.0.0.1", "[::1]"]
+    return hosts
+
+
+class BrowserOriginValidator:
+    """A handshake that carries an Origin must come from a page of this site (or a
+    trusted origin), so no other site can open a stream with a visitor's session
+    cookie; it is refused with HTTP 403. Browsers always send Origin on a WebSocket
+    handshake; one without it is not a browser but an API client (Bearer key,
+    ticket), which channels' AllowedHostsOriginValidator would refuse outright."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        origin = dict(scope.get("headers") or []).get(b"origin")
+        if origin is None or allowed_origin(scope, origin.decode("latin-1")):
+            return await self.inner(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)
 
 
 def AllowedHostsBrowserOriginValidator(inner: Any) -> BrowserOriginValidator:
-    allowed_hosts = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed_hosts:
-        allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]
-    return BrowserOriginValidator(inner, allowed_hosts)
+    return BrowserOriginValidator(inner)

@@ -39,6 +39,7 @@ from apps.invocations.streams import (
     NO_CHANNEL,
     StreamAccess,
     connection_slots,
+    is_run_id,
     refuse,
 )
 
@@ -95,7 +96,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         remember_server_loop()
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
         after = StreamAccess.parse_after(self.scope)
-        if after is None:
+        if after is None or not is_run_id(self.run_id):
             await refuse(self, CLOSE_BAD_REQUEST)
             return
         access = await database_sync_to_async(StreamAccess.for_run)(self.scope, self.run_id)

@@ -8,11 +8,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from pydantic import TypeAdapter, ValidationError
 
+from apps.invocations.requests import Identifier
 from apps.tenants.models import Tenant
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_SLOW = 4008
 CLOSE_INTERNAL = 1011
 # Streams receive through this process's feeds (apps.invocations.fanout), so they
@@ -30,6 +33,18 @@ async def refuse(consumer: Any, code: int) -> None:
     """
     await consumer.accept()
     await consumer.close(code=code)
+
+
+_run_id = TypeAdapter(Identifier)
+
+
+def is_run_id(text: str) -> bool:
+    """The same rule as a call's `runId`: 1-128 characters of [A-Za-z0-9._:-]."""
+    try:
+        _run_id.validate_python(text)
+    except ValidationError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
