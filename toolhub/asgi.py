@@ -10,11 +10,15 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from toolhub.limits import BodyLimitMiddleware, install_daphne_body_limit  # noqa: E402
 from toolhub.routing import websocket_urlpatterns  # noqa: E402
 from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
     AllowedHostsBrowserOriginValidator,
     WebSocketAuthStack,
 )
+
+# Refuse oversized bodies as they arrive, before Daphne stores them (toolhub/limits.py).
+install_daphne_body_limit()
 
 if settings.TOOLHUB_EMBEDDED_WORKER:
     from apps.approvals.worker import start_embedded
@@ -23,7 +27,7 @@ if settings.TOOLHUB_EMBEDDED_WORKER:
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": BodyLimitMiddleware(django_asgi_app),
         "websocket": AllowedHostsBrowserOriginValidator(
             WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),

@@ -257,6 +257,14 @@ TOOLHUB_WS_SLOW_CLIENT_SECONDS = env_int("TOOLHUB_WS_SLOW_CLIENT_SECONDS", 8, mi
 # past that it drops them and re-reads them from the database when it can send.
 TOOLHUB_WS_QUEUED_EVENTS = env_int("TOOLHUB_WS_QUEUED_EVENTS", 100, minimum=1)
 
+# The largest request body accepted; a larger one gets 413 before it is read, whether it
+# declares its length or streams it chunked (toolhub/limits.py). Django's own form-body
+# limit follows it, so the two never disagree.
+TOOLHUB_MAX_REQUEST_BYTES = env_int(
+    "TOOLHUB_MAX_REQUEST_BYTES", 1024 * 1024, minimum=1024, maximum=1024 * 1024 * 1024
+)
+DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLHUB_MAX_REQUEST_BYTES
+
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",
