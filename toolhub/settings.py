@@ -209,7 +209,14 @@ if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # SafeFormatter escapes control characters in every field, so a logged value (a toolId
+    # with a newline) cannot forge a line; tracebacks are indented (toolhub/logs.py).
+    "formatters": {
+        "plain": {
+            "()": "toolhub.logs.SafeFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        }
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
