@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.invocations.api import streams, views
+from apps.invocations.api import streams, views, wire_views
 
 urlpatterns = [
     path("invocations/", views.InvocationListView.as_view(), name="invocation-list"),
@@ -15,4 +15,14 @@ urlpatterns = [
         name="invocation-cancel",
     ),
     path("stream-tickets/", streams.StreamTicketView.as_view(), name="stream-ticket"),
+    path(
+        "wire/openai/tool-calls/",
+        wire_views.OpenAIToolCallsView.as_view(),
+        name="wire-openai-tool-calls",
+    ),
+    path(
+        "wire/anthropic/tool-use/",
+        wire_views.AnthropicToolUseView.as_view(),
+        name="wire-anthropic-tool-use",
+    ),
 ]
