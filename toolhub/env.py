@@ -8,6 +8,7 @@ the variable's name in the message rather than running with a surprise default.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -64,9 +65,21 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
 INSECURE_SECRET_KEYS = {"", "changeme", "change-me", "secret", "insecure", "django-insecure"}
 
 
-def env_secret(name: str, *, debug: bool, dev_default: str, min_length: int = 32) -> str:
-    """A secret that must be set, long and non-default unless running in debug mode."""
-    value = os.environ.get(name, "").strip()
+def env_secret(
+    name: str,
+    *,
+    debug: bool,
+    dev_default: str,
+    min_length: int = 32,
+    fallback_file: Path | None = None,
+) -> str:
+    """A secret that must be set, long and non-default unless running in debug mode.
+
+    When the variable is unset, `fallback_file` (if it exists) supplies the value: the key
+    `scripts/run` generated in the var directory, so `manage.py` in that checkout needs no
+    environment. The same checks apply to it.
+    """
+    value = os.environ.get(name, "").strip() or read_secret_file(fallback_file)
     if debug and not value:
         return dev_default
     if (
@@ -81,3 +94,10 @@ def env_secret(name: str, *, debug: bool, dev_default: str, min_length: int = 32
     if len(value) < min_length:
         raise ImproperlyConfigured(f"{name} must be at least {min_length} characters long")
     return value
+
+
+def read_secret_file(path: Path | None) -> str:
+    """A secret kept in a file (stripped), or "" when there is no such file."""
+    if path is None or not path.is_file():
+        return ""
+    return path.read_text().strip()

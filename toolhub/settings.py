@@ -10,7 +10,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from toolhub.env import env_bool, env_int, env_list, env_secret, env_str
+from toolhub.env import env_bool, env_int, env_list, env_secret, env_str, read_secret_file
 
 # Lets generic annotations such as admin.ModelAdmin[Tool] work at runtime.
 django_stubs_ext.monkeypatch()
@@ -19,17 +19,25 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("TOOLHUB_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("TOOLHUB_DEBUG", default=False)
+# Unset keys fall back to the files scripts/run generates in the var directory, so that
+# manage.py works in a checkout after `make run`; with neither, start-up still fails.
 SECRET_KEY = env_secret(
     "TOOLHUB_SECRET_KEY",
     debug=DEBUG,
     dev_default="debug-only-secret-key-not-for-any-deployment-000000",
+    fallback_file=VAR_DIR / "secret_key",
 )
 # Fernet keys for connection secrets, newest first (see apps/connections/crypto.py).
 # Debug mode derives a throwaway key so a developer's shell needs no setup.
-TOOLHUB_ENCRYPTION_KEYS = env_list("TOOLHUB_ENCRYPTION_KEY") or (
-    [base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()]
-    if DEBUG
-    else []
+_ENCRYPTION_KEY_FILE = read_secret_file(VAR_DIR / "encryption_key")
+TOOLHUB_ENCRYPTION_KEYS = (
+    env_list("TOOLHUB_ENCRYPTION_KEY")
+    or ([_ENCRYPTION_KEY_FILE] if _ENCRYPTION_KEY_FILE else [])
+    or (
+        [base64.urlsafe_b64encode(hashlib.sha256(SECRET_KEY.encode()).digest()).decode()]
+        if DEBUG
+        else []
+    )
 )
 if not TOOLHUB_ENCRYPTION_KEYS:
     raise ImproperlyConfigured(
