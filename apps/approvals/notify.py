@@ -120,7 +120,7 @@ def _webhook(approval: ApprovalRequest) -> int:
             policy,
             "POST",
             tenant.approval_webhook_url,
-            headers=lambda _: headers,
+            headers=headers,
             body=body,
             timeout=5,
         )

@@ -1,7 +1,8 @@
 """The connection broker: turns a connectionId into a capability at execution time.
 
 This is the only place a secret is decrypted, and the secret never leaves the
-capability object: tools get a client that attaches credentials itself.
+broker: tools get a client that attaches credentials itself, and the runner gets
+a scrubber that takes them out of whatever the tool returns.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from apps.connections.models import Connection
+from apps.connections.models import SECRET_VALUE_FIELDS, Connection
 from apps.connections.netguard import Blocked, NetworkPolicy, Resolver, fetch, system_resolver
+from apps.connections.scrubbing import Scrubber, secret_forms
 from apps.tenants.models import Tenant
 from apps.tools.contracts import ToolError
 
@@ -46,11 +48,7 @@ class HttpClient:
             allow_private=connection.allow_private_network,
             resolver=resolver,
         )
-
-        def headers_for(extra: dict[str, str]) -> Any:
-            return lambda host: {**extra, **auth, "User-Agent": "toolhub/1"}
-
-        self._headers_for = headers_for
+        self._credentials = lambda: auth  # a closure: not an attribute a repr or vars() shows
 
     def __repr__(self) -> str:
         return "<HttpClient>"  # never the credentials
@@ -68,7 +66,8 @@ class HttpClient:
                 self._policy,
                 method,
                 url,
-                headers=self._headers_for(headers),
+                headers={**headers, "User-Agent": "toolhub/1"},
+                credentials=self._credentials(),
                 body=body.encode() if body is not None else None,
                 timeout=timeout,
                 max_bytes=MAX_RESPONSE_BYTES,
@@ -103,3 +102,18 @@ def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
     if connection is None:  # the runner checked it; a deletion in between lands here
         raise ToolError("The connection no longer exists.")
     return HttpClient(connection)
+
+
+def secret_scrubber(tenant: Tenant, connection_id: str) -> Scrubber:
+    """What the runner passes a connection's tool output through: its secrets, in their
+    usual encodings, become `[redacted]` (see scrubbing.py).
+
+    Raises ToolError when the connection is gone: the output cannot be checked then.
+    """
+    connection = Connection.objects.filter(tenant=tenant, pk=connection_id).first()
+    if connection is None:
+        raise ToolError("The connection no longer exists.")
+    secret = connection.read_secret()
+    values = [value for name, value in secret.items() if name in SECRET_VALUE_FIELDS]
+    pairs = [(secret["username"], secret["password"])] if "password" in secret else []
+    return Scrubber(secret_forms(values, pairs))

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.connections import crypto
+from apps.connections.scrubbing import MIN_SECRET_LENGTH
 from apps.tenants.models import Tenant, validate_principal
 
 HOST_PATTERN_RE = re.compile(r"^(\*\.)?([A-Za-z0-9-]+\.)*[A-Za-z0-9-]+$|^\[[0-9a-fA-F:]+\]$")
@@ -27,6 +28,8 @@ SECRET_FIELDS: dict[str, tuple[str, ...]] = {
     "basic": ("username", "password"),
     "oauth": ("access_token", "refresh_token"),
 }
+# The fields that are secret by themselves (a header name or a user name is not).
+SECRET_VALUE_FIELDS = frozenset({"value", "token", "password", "access_token", "refresh_token"})
 
 
 def validate_host_pattern(value: Any) -> None:
@@ -77,6 +80,16 @@ class Connection(models.Model):
         missing = [name for name in required if not fields.get(name)]
         if missing:
             raise ValidationError(f"A {self.get_kind_display()} needs {', '.join(missing)}.")
+        # A shorter secret could not be scrubbed from tool output (scrubbing.py).
+        short = [
+            name
+            for name in expected
+            if name in SECRET_VALUE_FIELDS and 0 < len(fields.get(name) or "") < MIN_SECRET_LENGTH
+        ]
+        if short:
+            raise ValidationError(
+                f"{', '.join(short)} must be at least {MIN_SECRET_LENGTH} characters long."
+            )
         self.secret_encrypted = crypto.encrypt({k: fields[k] for k in expected if fields.get(k)})
 
     def read_secret(self) -> dict[str, str]:

@@ -4,7 +4,10 @@ Addresses are checked after DNS resolution, the socket connects to the very
 address that was checked (so a second DNS answer cannot swap it), and every
 redirect hop goes through the same checks. Link-local and cloud-metadata
 addresses are refused always; private and loopback ones unless the connection
-explicitly allows them.
+explicitly allows them. An IPv6 address that carries an IPv4 address (mapped,
+compatible, 6to4, Teredo, NAT64) is judged by the IPv4 address it carries, since
+that is where the packet ends up. Credentials are sent only while the request
+stays on the origin (scheme, host, port) it started on, as browsers do.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import http.client
 import ipaddress
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
@@ -24,7 +27,24 @@ METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
 )
 SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
+# Deprecated (RFC 3879) but still routed by some networks: as private as fc00::/7.
+SITE_LOCAL = ipaddress.ip_network("fec0::/10")
+IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT, RFC 2765
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated, RFC 4291
+NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052
+NAT64_LOCAL_USE = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215
+# Where RFC 6052 puts the IPv4 address for each NAT64 prefix length a /48 may hold:
+# (prefix length, [(first bit, bit count), ...]); bits 64-71 are the zero "u" octet.
+NAT64_LAYOUTS = (
+    (48, ((48, 16), (72, 16))),
+    (56, ((56, 8), (72, 24))),
+    (64, ((72, 32),)),
+    (96, ((96, 32),)),
+)
 MAX_REDIRECTS = 5
+# Headers that carry credentials: never sent to another origin after a redirect.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
 class Blocked(Exception):
@@ -39,9 +59,45 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def _bits(ip: ipaddress.IPv6Address, first: int, count: int) -> int:
+    return (int(ip) >> (128 - first - count)) & ((1 << count) - 1)
+
+
+def _nat64_embedded(ip: ipaddress.IPv6Address, layout: tuple[tuple[int, int], ...]) -> int:
+    value = 0
+    for first, count in layout:
+        value = (value << count) | _bits(ip, first, count)
+    return value
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries; a packet to it ends up at one of them.
+
+    Teredo carries two (the server, and the client obfuscated by XOR with all ones);
+    a local-use NAT64 prefix may be any length up to /96, so every layout is read.
+    """
+    if ip in IPV4_MAPPED or ip in IPV4_TRANSLATED:
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)  # (server, client); Python undoes the client's XOR
+    if ip in NAT64_WELL_KNOWN:
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    if ip in NAT64_LOCAL_USE:
+        return [ipaddress.IPv4Address(_nat64_embedded(ip, layout)) for _, layout in NAT64_LAYOUTS]
+    if ip in IPV4_COMPATIBLE and int(ip) > 1:  # :: and ::1 are themselves, not IPv4
+        return [ipaddress.IPv4Address(int(ip))]
+    return []
+
+
 def address_problem(ip: IPAddress, allow_private: bool) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Why `ip` may not be connected to, or None. Embedded IPv4 addresses are judged instead."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        carried = embedded_ipv4(ip)
+        if carried:
+            problems = (address_problem(inner, allow_private) for inner in carried)
+            return next((problem for problem in problems if problem), None)
     if ip in METADATA_ADDRESSES:
         return "a cloud metadata address"
     if ip.is_link_local:
@@ -49,7 +105,7 @@ def address_problem(ip: IPAddress, allow_private: bool) -> str | None:
     # ::1 lies in ::/8, which Python counts as reserved: loopback is judged below, as private.
     if ip.is_multicast or ip.is_unspecified or (ip.is_reserved and not ip.is_loopback):
         return "a reserved address"
-    private = ip.is_loopback or ip.is_private or ip in SHARED_ADDRESS_SPACE
+    private = ip.is_loopback or ip.is_private or ip in SHARED_ADDRESS_SPACE or ip in SITE_LOCAL
     if private and not allow_private:
         return "a private or loopback address"
     return None
@@ -119,21 +175,31 @@ class Response:
     url: str
 
 
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    default_port = 443 if parts.scheme == "https" else 80
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default_port
+
+
 def fetch(
     policy: NetworkPolicy,
     method: str,
     url: str,
     *,
-    headers: Callable[[str], dict[str, str]],
+    headers: Mapping[str, str],
+    credentials: Mapping[str, str] | None = None,
     body: bytes | None = None,
     timeout: float = 10.0,
     max_bytes: int = 16 * 1024,
 ) -> Response:
     """Send one request, following redirects, each hop re-checked.
 
-    `headers(host)` gives the headers for a hop, so credentials are attached
-    only for hosts the connection allows (every hop must be allowed anyway).
+    `credentials` (headers) go only to the origin the request started on: once a
+    redirect leaves it (another scheme, host or port), they and any credential-shaped
+    header are dropped for good, even if a later hop comes back.
     """
+    origin = _origin(url)
+    sent = {**headers, **(credentials or {})}
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -142,6 +208,9 @@ def fetch(
             raise Blocked("URLs may not carry credentials.")
         host = parts.hostname
         policy.check_host(host)
+        if _origin(url) != origin:
+            secret_names = CREDENTIAL_HEADERS | {name.lower() for name in credentials or {}}
+            sent = {k: v for k, v in sent.items() if k.lower() not in secret_names}
         port = parts.port or (443 if parts.scheme == "https" else 80)
         connection_class = _GuardedHTTPS if parts.scheme == "https" else _GuardedHTTP
         if connection_class is _GuardedHTTPS:
@@ -155,7 +224,7 @@ def fetch(
         if parts.query:
             target += f"?{parts.query}"
         try:
-            connection.request(method, target, body=body, headers=headers(host))
+            connection.request(method, target, body=body, headers=sent)
             response = connection.getresponse()
             location = response.getheader("Location")
             if response.status in (301, 302, 303, 307, 308) and location:

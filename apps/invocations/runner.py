@@ -16,6 +16,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
   8 record_start         tool_call_start
   9 bind_capabilities
  10 execute              execution, timeout, cancelled
+    scrub_secrets        execution (the connection's secrets out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
  12 redact_result        redaction_failed
  13 record_result        tool_call_result
@@ -45,8 +46,10 @@ from pydantic import BaseModel, ValidationError
 
 from apps.approvals import notify
 from apps.approvals.models import ApprovalRequest
+from apps.connections import broker
 from apps.connections.models import Connection, Grant
 from apps.connections.permissions import can_use_connection
+from apps.connections.scrubbing import Scrubber
 from apps.invocations import events
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
@@ -202,11 +205,11 @@ def run_started(call: Call) -> InvocationRecord:
     """Steps 9-13 for a call whose start is recorded."""
     try:
         capabilities = bind_capabilities(call)
-        output = execute(call, capabilities)
+        output = scrub_secrets(call, execute(call, capabilities))
         result = validate_output(call, output)
         return record_result(call, redact_result(call, result))
     except Refusal as refusal:
-        return record_refusal(call, refusal)
+        return record_refusal(call, _scrubbed(call, refusal))
 
 
 def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
@@ -549,6 +552,38 @@ def _run_tool(execute_fn: Any, params: Any, ctx: ToolContext, caps: Capabilities
         return execute_fn(params, ctx, caps)
     finally:
         close_old_connections()
+
+
+def scrub_secrets(call: Call, output: Any) -> Any:
+    """10b. SECRETS_NEVER_ECHOED: a target that echoes the request would hand the model
+    the credential the broker attached. The connections app replaces the connection's
+    secrets (and their usual encodings) in every string, keys included, before anything
+    validates, stores or emits the output. A call without a connection skips this."""
+    if not call.connection_id:
+        return output
+    dumped = output.model_dump(mode="json") if isinstance(output, BaseModel) else output
+    scrubbed = _scrubber(call).scrub(dumped)
+    return output if scrubbed == dumped else scrubbed
+
+
+def _scrubber(call: Call) -> Scrubber:
+    try:
+        return broker.secret_scrubber(call.caller.tenant, call.connection_id)
+    except Exception as exc:  # fail closed: output we cannot check does not leave
+        logger.error("secret scrubber for %s failed: %s", call.tool_ref, type(exc).__name__)
+        raise Refusal(
+            ErrorCode.EXECUTION, "The tool's output could not be checked for secrets."
+        ) from None
+
+
+def _scrubbed(call: Call, refusal: Refusal) -> Refusal:
+    """A tool's error message may quote the target (a redirect's URL, an error page)."""
+    if not call.connection_id or refusal.code != ErrorCode.EXECUTION:
+        return refusal  # the other codes' messages are the runner's own words
+    try:
+        return Refusal(refusal.code, _scrubber(call).text(refusal.safe_message))
+    except Refusal as unchecked:
+        return unchecked
 
 
 def validate_output(call: Call, output: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from guardian.shortcuts import assign_perm
 
@@ -93,6 +94,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if parts.path == "/echo":  # the request's headers, as an echoing target answers
+            self._json({"headers": dict(self.headers.items())})
+            return
+        if parts.path == "/echo/base64":
+            dump = json.dumps(dict(self.headers.items())).encode()
+            self._json({"encoded": base64.b64encode(dump).decode()})
+            return
+        if parts.path == "/reflect":  # a redirect that quotes the credential: to=...{credential}
+            credential = (self.headers.get("Authorization") or "").split(" ")[-1]
+            (target,) = parse_qs(parts.query)["to"]
+            self.send_response(302)
+            self.send_header("Location", target.replace("{credential}", quote(credential)))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if parts.path.startswith("/ok"):
             payload = json.dumps({"hello": "world", "path": parts.path}).encode()
             self.send_response(200)
@@ -104,6 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(404)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def _json(self, data: Any) -> None:
+        payload = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_DELETE = _answer
 
