@@ -232,3 +232,49 @@ def test_sqlite_connections_run_in_wal_mode():
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA journal_mode")
         assert cursor.fetchone()[0].lower() == "wal"
+
+
+# ---------------------------------------------------------------- check --deploy
+
+
+def documented_production_env() -> dict[str, str]:
+    """The KEY=VALUE block under "Production environment" in docs/deployment.md."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    block = text.split("### Production environment", 1)[1].split("```sh\n", 1)[1]
+    block = block.split("```", 1)[0]
+    pairs = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+    assert "TOOLHUB_SECURE_COOKIES" in pairs  # the block the docs mean, not another one
+    pairs["TOOLHUB_SECRET_KEY"] = secrets.token_urlsafe(50)
+    pairs["TOOLHUB_ENCRYPTION_KEY"] = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+    return pairs
+
+
+def check_deploy(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TOOLHUB_", "DATABASE_URL"))
+    }
+    environment.update(env, TOOLHUB_VAR_DIR=str(tmp_path / "var"))
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_check_deploy_is_clean_with_the_documented_production_environment(tmp_path):
+    process = check_deploy(tmp_path, documented_production_env())
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert "no issues" in process.stdout
+
+
+def test_check_deploy_warns_when_the_https_settings_are_left_out(tmp_path):
+    env = documented_production_env()
+    del env["TOOLHUB_SECURE_COOKIES"], env["TOOLHUB_HSTS_SECONDS"]
+    process = check_deploy(tmp_path, env)
+    assert process.returncode != 0
+    assert "security.W012" in process.stderr
+    assert "security.W004" in process.stderr

@@ -298,3 +298,14 @@ if not DEBUG:
     CSRF_COOKIE_SAMESITE = "Lax"
     X_FRAME_OPTIONS = "DENY"
     SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# HTTPS, for deployments behind TLS (docs/deployment.md, "Production environment"). Off by
+# default because the embedded demo serves plain HTTP on 127.0.0.1. Daphne's
+# --proxy-headers takes the scheme from the proxy's X-Forwarded-Proto.
+SECURE_SSL_REDIRECT = env_bool("TOOLHUB_SECURE_SSL_REDIRECT", default=False)
+# Load balancers probe over plain HTTP; a redirect would fail them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+SECURE_HSTS_SECONDS = env_int("TOOLHUB_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TOOLHUB_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env_bool("TOOLHUB_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("TOOLHUB_SECURE_COOKIES", default=False)
