@@ -45,6 +45,7 @@ class EventMessage(TypedDict):
     result: NotRequired[Any]
     errorCode: NotRequired[str]
     safeMessage: NotRequired[str]
+    retryAfterMs: NotRequired[int]
     durationMs: NotRequired[int]
     invocationId: NotRequired[str]
     approvalId: NotRequired[str]

@@ -41,17 +41,6 @@ class Status(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-class InvocationRecordQuerySet(models.QuerySet["InvocationRecord"]):
-    def recent_calls(self, tenant: Tenant, principal: str, seconds: int = 60) -> int:
-        """Calls this principal made in the last minute (rate-limited ones not counted)."""
-        since = timezone.now() - timedelta(seconds=seconds)
-        return (
-            self.filter(tenant=tenant, principal=principal, created_at__gte=since)
-            .exclude(error_code=ErrorCode.RATE_LIMITED)
-            .count()
-        )
-
-
 class InvocationRecord(models.Model):
     """One attempted tool call, refused ones included. Args and result are redacted."""
 
@@ -82,7 +71,9 @@ class InvocationRecord(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
 
-    objects = InvocationRecordQuerySet.as_manager()
+    retry_after_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="rate_limited: when the next call may pass, from ended_at."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -104,6 +95,40 @@ class InvocationRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_ref} {self.tool_call_id} ({self.status})"
+
+
+class CallWindow(models.Model):
+    """One principal's rate-limit window: the row its admissions lock, one after another.
+
+    The admitted calls of the last minute hang off it (`AdmittedCall`); see
+    apps/invocations/ratelimit.py for why a sliding log and how it is cleaned up.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    principal = models.CharField(max_length=160)
+    last_admitted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "principal"], name="one_window_per_principal")
+        ]
+        indexes = [models.Index(fields=["last_admitted_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.principal} ({self.tenant_id})"
+
+
+class AdmittedCall(models.Model):
+    """One call the rate limit let through, at `at`; forgotten once a window has passed."""
+
+    window = models.ForeignKey(CallWindow, on_delete=models.CASCADE, related_name="admitted")
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["window", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.window} at {self.at}"
 
 
 class RunQuerySet(models.QuerySet["Run"]):

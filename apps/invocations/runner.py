@@ -50,7 +50,7 @@ from apps.connections import broker
 from apps.connections.models import Connection, Grant
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import events
+from apps.invocations import events, ratelimit
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
@@ -73,10 +73,13 @@ _tool_threads = ThreadPoolExecutor(
 class Refusal(Exception):
     """A step's verdict that the call ends here, with a code and a safe message."""
 
-    def __init__(self, code: ErrorCode, safe_message: str) -> None:
+    def __init__(
+        self, code: ErrorCode, safe_message: str, retry_after_ms: int | None = None
+    ) -> None:
         super().__init__(safe_message)
         self.code = code
         self.safe_message = safe_message
+        self.retry_after_ms = retry_after_ms  # rate_limited only
 
 
 @dataclass
@@ -251,9 +254,23 @@ def check_policy(call: Call) -> None:
     if not call.decision.allowed:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
     limit = call.decision.budgets.calls_per_minute
-    recent = InvocationRecord.objects.recent_calls
-    if limit is not None and recent(caller.tenant, caller.principal) >= limit:
-        raise Refusal(ErrorCode.RATE_LIMITED, f"Rate limit reached: {limit} calls per minute.")
+    if limit is None or call.record is not None or _claimed_key(call):
+        return  # an approved call was counted when it was requested; a replay runs nothing
+    admission = ratelimit.admit(caller.tenant, caller.principal, limit)
+    if not admission.admitted:
+        wait_s = admission.retry_after_ms / 1000
+        raise Refusal(
+            ErrorCode.RATE_LIMITED,
+            f"Rate limit reached: {limit} calls per minute. Retry in {wait_s:.1f} s.",
+            retry_after_ms=admission.retry_after_ms,
+        )
+
+
+def _claimed_key(call: Call) -> bool:
+    """The idempotency key already belongs to a call: this request is a retry (step 6)."""
+    key = call.request.idempotency_key
+    records = InvocationRecord.objects.filter(tenant=call.caller.tenant, idempotency_key=key)
+    return key is not None and records.exists()
 
 
 def check_permission(call: Call) -> None:
@@ -365,7 +382,30 @@ def _same_call(call: Call, earlier: InvocationRecord) -> InvocationRecord:
             "This idempotencyKey was already used for a different call "
             "(tool, arguments or connection).",
         )
-    return earlier
+    return _outcome_of(call, earlier)
+
+
+REPLAY_MARGIN_S = 3.0  # the first attempt's own bookkeeping after its deadline
+REPLAY_POLL_S = (0.02, 0.25)  # first and longest pause between two looks at the record
+
+
+def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
+    """IDEMPOTENT_RETRY: a retry answers with the first attempt's outcome.
+
+    A running (or approved and queued) first attempt may be in another process, so the
+    record is the one thing both can see: poll it until it ends, for at most the tool's
+    timeout plus a margin. A held call is answered at once (202, same approval). If it
+    is still unfinished then (its process died, or the queue is slow), the record is
+    returned as it is and the view answers 409.
+    """
+    deadline = time.monotonic() + call.timeout_s + REPLAY_MARGIN_S
+    pause, longest = REPLAY_POLL_S
+    record = earlier
+    while record.status in (Status.RUNNING, Status.QUEUED) and time.monotonic() < deadline:
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, longest)
+        record.refresh_from_db()
+    return record
 
 
 def find_replay(call: Call) -> InvocationRecord | None:
@@ -682,6 +722,7 @@ def _close_record(
     if refusal is not None:
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
+        record.retry_after_ms = refusal.retry_after_ms
     record.save()
     _log(record)
     outcome: dict[str, Any] = {
@@ -694,6 +735,8 @@ def _close_record(
     else:
         outcome["errorCode"] = record.error_code
         outcome["safeMessage"] = record.safe_message
+    if record.retry_after_ms is not None:
+        outcome["retryAfterMs"] = record.retry_after_ms
     events.emit(
         record.tenant,
         record.run_id,

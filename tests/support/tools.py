@@ -7,6 +7,7 @@ through TOOLHUB_EXTRA_TOOL_MODULES=tests.support.tools.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from pydantic import Field
 
@@ -50,6 +51,17 @@ class Waited(ToolOutput):
     waited: int
 
 
+class CountedWait(ToolParams):
+    path: str = Field(max_length=500)
+    token: str = Field(max_length=100)
+    ms: int = Field(ge=0, le=4000)
+
+
+class Tallied(ToolOutput):
+    token: str
+    executions: int
+
+
 class Blob(ToolOutput):
     blob: str
 
@@ -71,6 +83,15 @@ def echo(params: Echo, ctx: ToolContext, caps: Capabilities) -> EchoOut:
 def sleep(params: Sleep, ctx: ToolContext, caps: Capabilities) -> Waited:
     ctx.wait_cancelled(params.seconds)
     return Waited(waited=int(params.seconds))
+
+
+def counted_wait(params: CountedWait, ctx: ToolContext, caps: Capabilities) -> Tallied:
+    """Appends the token to the file (one line per execution), then takes `ms` to finish."""
+    with Path(params.path).open("a", encoding="utf-8") as trace:
+        trace.write(params.token + "\n")
+    ctx.wait_cancelled(params.ms / 1000)
+    lines = Path(params.path).read_text(encoding="utf-8").splitlines()
+    return Tallied(token=params.token, executions=lines.count(params.token))
 
 
 def noop(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
@@ -113,6 +134,7 @@ CONTRACTS = [
     _test_tool("barrier", NoParams, Waited, wait_for_peers, timeout_s=20),
     _test_tool("echo", Echo, EchoOut, echo, redaction=Redaction(result=("text",), args=("text",))),
     _test_tool("sleep", Sleep, Waited, sleep, timeout_s=0.5),
+    _test_tool("counted_wait", CountedWait, Tallied, counted_wait, timeout_s=5),
     _test_tool("crash", NoParams, Waited, crash),
     _test_tool("refuse", NoParams, Waited, refuse_politely),
     _test_tool("wrong_output", NoParams, Waited, wrong_output),

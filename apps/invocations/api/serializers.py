@@ -21,6 +21,12 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         source="error_code", choices=ErrorCode.choices, required=False
     )
     safeMessage = serializers.CharField(source="safe_message", required=False)
+    retryAfterMs = serializers.IntegerField(
+        source="retry_after_ms",
+        required=False,
+        allow_null=True,
+        help_text="rate_limited: milliseconds from endedAt until a call would be admitted",
+    )
     args = serializers.JSONField(required=False, allow_null=True, help_text="Redacted arguments")
     principal = serializers.CharField()
     connectionId = serializers.CharField(source="connection_id", required=False)
@@ -37,6 +43,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "result",
         "errorCode",
         "safeMessage",
+        "retryAfterMs",
         "connectionId",
         "idempotencyKey",
         "policyRule",
@@ -47,8 +54,8 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         model = InvocationRecord
         fields = [
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
-            "safeMessage", "args", "principal", "connectionId", "idempotencyKey", "policyRule",
-            "createdAt", "startedAt", "endedAt", "durationMs", "approvalId",
+            "safeMessage", "retryAfterMs", "args", "principal", "connectionId", "idempotencyKey",
+            "policyRule", "createdAt", "startedAt", "endedAt", "durationMs", "approvalId",
         ]  # fmt: skip
 
     def get_approvalId(self, record: InvocationRecord) -> str | None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -24,6 +26,18 @@ def _records_of(caller: Caller) -> QuerySet[InvocationRecord]:
     return InvocationRecord.objects.filter(tenant=caller.tenant)
 
 
+UNFINISHED = (Status.RUNNING, Status.QUEUED)
+
+
+def _status_of(record: InvocationRecord) -> int:
+    """202 held; 409 a retry that outwaited its unfinished first attempt; else 200 (with ok)."""
+    if record.status == Status.PENDING_APPROVAL:
+        return status.HTTP_202_ACCEPTED
+    if record.status in UNFINISHED:
+        return status.HTTP_409_CONFLICT
+    return status.HTTP_200_OK
+
+
 class InvocationListView(CallerView):
     @extend_schema(
         operation_id="invocations_create",
@@ -33,17 +47,22 @@ class InvocationListView(CallerView):
             200: InvocationSerializer,
             202: OpenApiResponse(InvocationSerializer, description="Held for a human decision"),
             400: OpenApiResponse(description="Malformed request, with field errors"),
+            409: OpenApiResponse(
+                InvocationSerializer,
+                description="A retry whose first attempt (same idempotencyKey) is still "
+                "unfinished after the tool's timeout; poll the record",
+            ),
         },
     )
     def post(self, request: Request) -> Response:
         invocation = parse_body(request, InvocationRequest)
         record = runner.invoke(self.caller(request), invocation)
-        code = (
-            status.HTTP_202_ACCEPTED
-            if record.status == Status.PENDING_APPROVAL
-            else status.HTTP_200_OK
-        )
-        return Response(InvocationSerializer(record).data, status=code)
+        response = Response(InvocationSerializer(record).data, status=_status_of(record))
+        if record.retry_after_ms is not None:
+            response["Retry-After"] = str(math.ceil(record.retry_after_ms / 1000))
+        elif record.status in UNFINISHED:
+            response["Retry-After"] = "1"
+        return response
 
     @extend_schema(
         operation_id="invocations_list",
