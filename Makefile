@@ -19,7 +19,7 @@ venv:
 	@$(MAKE) --no-print-directory $(STAMP)
 
 # Reinstall only when the pinned dependencies change.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@if [[ ! -x $(PY) ]]; then \
 		py=$$(scripts/find-python); \
 		echo "make: creating $(VENV) with $$py"; \
@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ./clients/python
 	@touch $(STAMP)
 
 run: venv

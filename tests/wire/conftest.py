@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,12 @@ import pytest
 from tests.conftest import Agent, allow
 
 FIXTURES = Path(__file__).parent / "fixtures"
+CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
+
+# The client is its own package (`pip install ./clients/python`, which `make` does); tests
+# also find it in the checkout when only toolhub itself is installed.
+if str(CLIENT) not in sys.path:
+    sys.path.append(str(CLIENT))
 OPENAI = "/api/v1/wire/openai/tool-calls/"
 ANTHROPIC = "/api/v1/wire/anthropic/tool-use/"
 

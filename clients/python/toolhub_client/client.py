@@ -1,0 +1,167 @@
+"""HTTP and WebSocket calls to toolhub, with the standard library and `websockets`."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from websockets.sync.client import connect
+
+from toolhub_client.results import AnthropicBatch, Invocation, OpenAIBatch, ToolResult
+
+
+class ToolhubError(Exception):
+    """toolhub refused a request (4xx/5xx); `body` is its JSON answer."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"toolhub answered {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+def _plain(value: Any) -> Any:
+    """SDK objects (pydantic models) become the JSON they came from."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+class Toolhub:
+    """One tenant's agent: `base_url` like `http://127.0.0.1:8000`, an API key."""
+
+    def __init__(self, base_url: str, api_key: str, timeout: float = 60) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    # ------------------------------------------------------------ HTTP
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(  # noqa: S310 - the caller chooses the base URL
+            f"{self.base_url}{path}",
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.api_key}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                detail = json.loads(raw)
+            except ValueError:
+                detail = raw.decode(errors="replace")
+            raise ToolhubError(exc.code, detail) from None
+
+    def tools(self, format: str = "toolhub") -> list[dict[str, Any]]:
+        """The catalog this key may use, as `toolhub` ToolSpecs or `openai`/`anthropic` tools."""
+        return list(
+            self._request("GET", f"/api/v1/tools/?{urlencode({'format': format})}")["tools"]
+        )
+
+    def invocation(self, invocation_id: str) -> Invocation:
+        return Invocation.from_json(self._request("GET", f"/api/v1/invocations/{invocation_id}/"))
+
+    def run_openai_tool_calls(
+        self,
+        tool_calls: list[Any] | None = None,
+        *,
+        chunks: list[Any] | None = None,
+        run_id: str | None = None,
+    ) -> OpenAIBatch:
+        """Runs an assistant message's `tool_calls` (dicts or SDK objects), or the streamed
+        `chunks` they came in; answers the `tool` messages to append, in order."""
+        run_id = run_id or f"run_{uuid.uuid4().hex}"
+        body: dict[str, Any] = {"runId": run_id}
+        if chunks is not None:
+            body["chunks"] = _plain(chunks)
+        else:
+            body["toolCalls"] = _plain(tool_calls or [])
+        answer = self._request("POST", "/api/v1/wire/openai/tool-calls/", body)
+        return OpenAIBatch(run_id, answer["messages"], answer.get("errors", []))
+
+    def run_anthropic_tool_use(
+        self,
+        content: list[Any] | None = None,
+        *,
+        events: list[Any] | None = None,
+        run_id: str | None = None,
+    ) -> AnthropicBatch:
+        """Runs an assistant message's content blocks (its tool_use ones), or the streamed
+        `events`; answers the user message of tool_result blocks to send next."""
+        run_id = run_id or f"run_{uuid.uuid4().hex}"
+        body: dict[str, Any] = {"runId": run_id}
+        if events is not None:
+            body["events"] = _plain(events)
+        else:
+            body["content"] = _plain(content or [])
+        answer = self._request("POST", "/api/v1/wire/anthropic/tool-use/", body)
+        return AnthropicBatch(run_id, answer)
+
+    # ------------------------------------------------------------ waiting for held calls
+
+    def _stream_url(self, run_id: str) -> str:
+        parts = urlsplit(self.base_url)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        path = f"{parts.path}/ws/v1/runs/{run_id}/"
+        return urlunsplit((scheme, parts.netloc, path, "after=0", ""))
+
+    def wait_for(self, run_id: str, held: ToolResult, timeout: float = 600) -> ToolResult:
+        """Blocks until the held call ends (approved and run, rejected, expired, cancelled)
+        and returns its final answer. Listens on the run's WebSocket, which replays
+        earlier events first, so a decision taken before the call is not missed."""
+        assert held.held is not None, "this call was not held"
+        invocation_id = held.held.invocation_id
+        deadline = time.monotonic() + timeout
+        with connect(
+            self._stream_url(run_id),
+            additional_headers={"Authorization": f"Bearer {self.api_key}"},
+            open_timeout=self.timeout,
+        ) as stream:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"call {held.tool_call_id} is still held")
+                event = json.loads(stream.recv(timeout=remaining))
+                if event.get("type") == "tool_call_result" and (
+                    event.get("invocationId") == invocation_id
+                    or event.get("toolCallId") == held.tool_call_id
+                ):
+                    break
+        return self.invocation(invocation_id).tool_result()
+
+    def settle_openai(self, batch: OpenAIBatch, timeout: float = 600) -> list[dict[str, Any]]:
+        """The batch's tool messages once every held call has ended."""
+        messages = []
+        for message, result in zip(batch.messages, batch.results, strict=True):
+            if result.held:
+                final = self.wait_for(batch.run_id, result, timeout)
+                message = {**message, "content": final.content}
+            messages.append(message)
+        return messages
+
+    def settle_anthropic(self, batch: AnthropicBatch, timeout: float = 600) -> dict[str, Any]:
+        """The batch's user message once every held call has ended."""
+        blocks = []
+        for block in batch.message["content"]:
+            if block.get("type") == "tool_result":
+                result = ToolResult.parse(block["tool_use_id"], block["content"], block["is_error"])
+                if result.held:
+                    final = self.wait_for(batch.run_id, result, timeout)
+                    block = {**block, "content": final.content, "is_error": final.is_error}
+            blocks.append(block)
+        return {**batch.message, "content": blocks}
