@@ -225,3 +225,13 @@ def test_it_refuses_anonymous_callers(db):
 def test_another_tenants_policy_does_not_apply(wire_agent, bare_agent):
     (message,) = contents(post(bare_agent, OPENAI, {"toolCalls": [echo("a")]}))
     assert message["errorCode"] == "policy_denied"
+
+
+def test_each_request_is_its_own_decode_session(wire_agent):
+    opening = load("openai_stream_cut")["request"]["chunks"][:1]
+    post(wire_agent, OPENAI, {"chunks": opening})
+    rest = [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
+        "arguments": '{"text": "more"}'}}]}, "finish_reason": "tool_calls"}]}]  # fmt: skip
+    body = post(wire_agent, OPENAI, {"chunks": rest}).json()
+    assert body["messages"] == []
+    assert [e["index"] for e in body["errors"]] == [0]
