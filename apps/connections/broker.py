@@ -49,6 +49,7 @@ class HttpClient:
             resolver=resolver,
         )
         self._credentials = lambda: auth  # a closure: not an attribute a repr or vars() shows
+        self._scrubber = _scrubber(connection)
 
     def __repr__(self) -> str:
         return "<HttpClient>"  # never the credentials
@@ -84,10 +85,11 @@ class HttpClient:
             raise ToolError(
                 "The request could not be sent: a header or the URL is malformed."
             ) from None
+        body = response.body.decode("utf-8", errors="replace")
         return {
             "status": response.status,
             "content_type": response.headers.get("content-type", ""),
-            "body": response.body.decode("utf-8", errors="replace"),
+            "body": self._scrubber.cut_tail(body) if response.truncated else body,
             "truncated": response.truncated,
             "url": response.url,
         }
@@ -113,6 +115,10 @@ def secret_scrubber(tenant: Tenant, connection_id: str) -> Scrubber:
     connection = Connection.objects.filter(tenant=tenant, pk=connection_id).first()
     if connection is None:
         raise ToolError("The connection no longer exists.")
+    return _scrubber(connection)
+
+
+def _scrubber(connection: Connection) -> Scrubber:
     secret = connection.read_secret()
     values = [value for name, value in secret.items() if name in SECRET_VALUE_FIELDS]
     pairs = [(secret["username"], secret["password"])] if "password" in secret else []

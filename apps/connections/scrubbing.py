@@ -32,6 +32,7 @@ from urllib.parse import quote, quote_plus
 
 REDACTED = "[redacted]"
 MIN_SECRET_LENGTH = 8
+PARTIAL_PREFIX = 4
 
 
 def _base64_forms(raw: bytes) -> set[str]:
@@ -72,6 +73,7 @@ class Scrubber:
 
     def __init__(self, forms: Iterable[str]) -> None:
         ordered = sorted(set(forms), key=len, reverse=True)  # the longest form wins
+        self._forms = [form.lower() for form in ordered]
         # Case-blind: a host name, or a header a target normalises, comes back folded.
         alternatives = "|".join(map(re.escape, ordered))
         self._pattern = re.compile(alternatives, re.IGNORECASE) if ordered else None
@@ -81,6 +83,16 @@ class Scrubber:
 
     def text(self, value: str) -> str:
         return self._pattern.sub(REDACTED, value) if self._pattern else value
+
+    def cut_tail(self, text: str) -> str:
+        """A text cut short may end inside a secret: its start goes too (a target could
+        pad the echo to choose where the cut falls). Prefixes under 4 characters stay."""
+        folded = text.lower()
+        for form in self._forms:
+            for length in range(len(form) - 1, PARTIAL_PREFIX - 1, -1):
+                if folded.endswith(form[:length]):
+                    return text[: len(text) - length] + REDACTED
+        return text
 
     def scrub(self, value: Any) -> Any:
         if isinstance(value, str):

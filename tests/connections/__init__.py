@@ -101,6 +101,15 @@ class _Handler(BaseHTTPRequestHandler):
             dump = json.dumps(dict(self.headers.items())).encode()
             self._json({"encoded": base64.b64encode(dump).decode()})
             return
+        if parts.path == "/echo/padded":  # pad=N characters, then the Authorization header
+            (pad,) = parse_qs(parts.query)["pad"]
+            payload = ("x" * int(pad) + (self.headers.get("Authorization") or "")).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
         if parts.path == "/reflect":  # a redirect that quotes the credential: to=...{credential}
             credential = (self.headers.get("Authorization") or "").split(" ")[-1]
             (target,) = parse_qs(parts.query)["to"]

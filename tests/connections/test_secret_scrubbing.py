@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 from django.core.exceptions import ValidationError
 
+from apps.connections.broker import MAX_RESPONSE_BYTES
 from apps.connections.models import Connection
 from apps.connections.scrubbing import REDACTED, Scrubber, secret_forms
 from apps.invocations.models import RunEvent
@@ -151,6 +152,20 @@ def test_an_error_message_quoting_the_token_is_scrubbed(agent, server, logs):
     assert code == "execution"
     assert message == f"The connection does not allow requests to '{REDACTED}.evil.example.com'."
     assert_nowhere("bearer", everything_said(response, logs))
+
+
+@pytest.mark.parametrize("kept", [4, 10, len(TOKEN) - 1])
+def test_a_body_cut_inside_the_token_does_not_keep_its_start(agent, server, logs, kept):
+    # The target pads its echo so that the 16 KB cut falls `kept` characters into the token.
+    connection_id = connect(agent, "bearer")
+    pad = MAX_RESPONSE_BYTES - len("Bearer ") - kept
+    response = agent.invoke(
+        HTTP, args={"url": f"{server.base}/echo/padded?pad={pad}"}, connectionId=connection_id
+    )
+    result = ok_result(response)
+    assert result["truncated"] is True
+    assert result["body"] == "x" * pad + f"Bearer {REDACTED}"
+    assert TOKEN[:4] not in everything_said(response, logs)
 
 
 def test_a_call_without_a_connection_is_not_scrubbed(agent, test_tools):
