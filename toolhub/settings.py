@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -56,6 +57,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "axes",
     "rest_framework",
     "guardian",
     "channels",
@@ -80,6 +82,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: it answers a locked-out login (see AXES_* below).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "toolhub.urls"
@@ -154,6 +158,8 @@ else:
     }
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username and address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -164,6 +170,19 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+# Login throttling (django-axes), for every password login (/admin/login/, which the console
+# and the demo chat use): after TOOLHUB_LOGIN_FAILURE_LIMIT wrong passwords for one username
+# from one client address, that pair is refused for TOOLHUB_LOGIN_COOLOFF_SECONDS, even with
+# the right password. Other users, and the same user elsewhere, are unaffected. The address
+# is REMOTE_ADDR: what Daphne sees, or with --proxy-headers the proxy's X-Forwarded-For.
+AXES_FAILURE_LIMIT = env_int("TOOLHUB_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=env_int("TOOLHUB_LOGIN_COOLOFF_SECONDS", 900, minimum=1, maximum=7 * 86400)
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "login_locked.html"
+AXES_COOLOFF_MESSAGE = "Too many failed logins for this username from your address."
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
