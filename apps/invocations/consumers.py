@@ -31,6 +31,7 @@ from django.conf import settings
 from apps.invocations.events import remember_server_loop, run_group
 from apps.invocations.fanout import encode, feeds_for
 from apps.invocations.models import RunEvent
+from apps.invocations.revocations import key_watch
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
@@ -82,6 +83,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     tenant_id: int
     run_id: str
+    api_key_id: int | None = None
     group: str | None = None
     last_seq: int = 0
     slot: Any = None
@@ -108,6 +110,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await refuse(self, settings.TOOLHUB_WS_CLOSE_TOO_MANY)
             return
         self.tenant_id = access.tenant_id
+        self.api_key_id = access.api_key_id
         self.last_seq = after
         self.budget = SendBudget(settings.TOOLHUB_WS_SEND_RATE, settings.TOOLHUB_WS_SEND_BURST)
         self.queued: deque[tuple[int, str]] = deque()
@@ -125,11 +128,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._close(CLOSE_INTERNAL)
             return
         self.sending = asyncio.ensure_future(self._send_queued(replay=True))
+        if self.api_key_id is not None:
+            await key_watch().watch(self.api_key_id, self)
 
     async def disconnect(self, code: int) -> None:
         self.gone = True
         if self.sending is not None:
             self.sending.cancel()
+        if self.api_key_id is not None:
+            key_id, self.api_key_id = self.api_key_id, None
+            await key_watch().unwatch(key_id, self)
         if self.slot is not None:
             self.slot.release()
             self.slot = None
@@ -153,6 +161,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.overflowed = True
         self.queued.append((seq, text))
         self._start_sending()
+
+    async def key_revoked(self) -> None:
+        """Its API key was revoked (apps.invocations.revocations): 4403, as at a handshake."""
+        if not self.gone:
+            await self._close(CLOSE_FORBIDDEN)
 
     async def catch_up(self) -> None:
         """The feed may have missed events: read the database once the queue is sent."""

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import F
 from django.utils import timezone
 
-from apps.tenants.models import Tenant
+from apps.tenants.models import ApiKey, Tenant
 from apps.tools.models import Tool
 
 
@@ -180,13 +180,19 @@ class RunEvent(models.Model):
 
 class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
     def issue(
-        self, tenant: Tenant, principal: str, user_id: int, run_id: str
+        self,
+        tenant: Tenant,
+        principal: str,
+        user_id: int,
+        run_id: str,
+        api_key: ApiKey | None = None,
     ) -> tuple[StreamTicket, str]:
         raw = secrets.token_urlsafe(32)
         ticket = self.create(
             tenant=tenant,
             principal=principal,
             user_id=user_id,
+            api_key=api_key,
             run_id=run_id,
             token_hash=hashlib.sha256(raw.encode()).hexdigest(),
             expires_at=timezone.now() + STREAM_TICKET_TTL,
@@ -194,13 +200,16 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
         return ticket, raw
 
     def redeem(self, raw: str) -> StreamTicket | None:
-        """The ticket, marked used, if it was unused and unexpired; else None (single use)."""
+        """The ticket, marked used, if it was unused, unexpired and its key (if issued
+        under one) is not revoked; else None (single use)."""
         if not raw or len(raw) > 100:
             return None
         digest = hashlib.sha256(raw.encode()).hexdigest()
         now = timezone.now()
-        claimed = self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now).update(
-            used_at=now
+        claimed = (
+            self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now)
+            .filter(models.Q(api_key=None) | models.Q(api_key__revoked_at=None))
+            .update(used_at=now)
         )
         return self.select_related("tenant").filter(token_hash=digest).first() if claimed else None
 
@@ -215,6 +224,10 @@ class StreamTicket(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     principal = models.CharField(max_length=160)
     user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="+")
+    # The key it was issued under: revoking the key voids its unused tickets.
+    api_key = models.ForeignKey(
+        "tenants.ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
     run_id = models.CharField(max_length=128)
     token_hash = models.CharField(max_length=64, unique=True)
     expires_at = models.DateTimeField()

@@ -51,6 +51,9 @@ def is_run_id(text: str) -> bool:
 class StreamAccess:
     tenant_id: int
     principal_key: str
+    # The API key behind the stream (a Bearer key, or the key a ticket was issued
+    # under): revoking it ends the stream (apps.invocations.revocations).
+    api_key_id: int | None = None
 
     @staticmethod
     def parse_after(scope: dict[str, Any]) -> int | None:
@@ -70,12 +73,14 @@ class StreamAccess:
         if scope.get("ticket_given"):
             if ticket is None or ticket.run_id != run_id:
                 return None
-            return cls(ticket.tenant_id, f"{ticket.tenant_id}:{ticket.principal}")
+            return cls(
+                ticket.tenant_id, f"{ticket.tenant_id}:{ticket.principal}", ticket.api_key_id
+            )
         key = scope.get("api_key")
         if scope.get("bearer_given"):
             if key is None:
                 return None
-            return cls(key.tenant_id, f"{key.tenant_id}:{key.principal}")
+            return cls(key.tenant_id, f"{key.tenant_id}:{key.principal}", key.pk)
         user = scope.get("user")
         if user is None or not user.is_authenticated or not user.is_staff:
             return None

@@ -8,11 +8,16 @@ import secrets
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 PRINCIPAL_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._@+-]{1,120}$")
 KEY_PREFIX = "th_"
+
+# Sent (with `key=`) once a key's revocation is committed: its open streams end
+# (apps/invocations/revocations.py). A signal, so tenants need not know about streams.
+key_revoked = Signal()
 
 
 def validate_principal(value: str) -> None:
@@ -151,3 +156,4 @@ class ApiKey(models.Model):
     def revoke(self) -> None:
         self.revoked_at = timezone.now()
         self.save(update_fields=["revoked_at"])
+        transaction.on_commit(lambda: key_revoked.send(sender=ApiKey, key=self))

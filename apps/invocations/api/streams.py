@@ -31,7 +31,7 @@ class StreamTicketView(CallerView):
         body = parse_body(request, TicketRequest)
         caller = self.caller(request)
         ticket, raw = StreamTicket.objects.issue(
-            caller.tenant, caller.principal, caller.user.pk, body.runId
+            caller.tenant, caller.principal, caller.user.pk, body.runId, api_key=caller.api_key
         )
         return Response(
             {"ticket": raw, "expiresAt": ticket.expires_at.isoformat().replace("+00:00", "Z")},

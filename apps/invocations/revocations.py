@@ -1,0 +1,141 @@
+"""A revoked API key's streams end (4403) within seconds, in every process.
+
+Revoking a key (`ApiKey.revoke`) sends `key_revoked` once committed; the receiver
+here pushes the key's id to one channel-layer group that every server process with
+key streams listens to (through a Feed, as run events arrive), and each process
+closes its streams of that key. A push can be lost (Redis restarting, a key
+revoked by editing `revoked_at` in the admin), so each process also re-reads, every
+RECHECK_S seconds, which of its streams' keys are still active: one query per
+process per interval, none per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any, Protocol
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.dispatch import receiver
+
+from apps.invocations.events import _group_send
+from apps.invocations.fanout import feeds_for
+from apps.tenants.models import ApiKey, key_revoked
+
+logger = logging.getLogger(__name__)
+
+REVOCATIONS_GROUP = "toolhub.key-revocations"
+RECHECK_S = 3.0
+
+
+class KeyStream(Protocol):
+    async def key_revoked(self) -> None:
+        """Close the stream (4403): its key is revoked."""
+
+
+@receiver(key_revoked)
+def push_revocation(sender: Any, key: ApiKey, **kwargs: Any) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        _group_send(
+            layer, REVOCATIONS_GROUP, {"type": "key.revoked", "event": {"apiKeyId": key.pk}}
+        )
+    except Exception:
+        # The periodic re-check still ends the key's streams, a few seconds later.
+        logger.exception("could not push the revocation of API key %s", key.pk)
+
+
+class KeyWatch:
+    """This event loop's streams by the API key that opened them."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, dict[KeyStream, None]] = {}
+        self.rechecking: asyncio.Task[None] | None = None
+        self.listening = False
+        self.lock = asyncio.Lock()
+
+    async def watch(self, key_id: int, stream: KeyStream) -> None:
+        self.streams.setdefault(key_id, {})[stream] = None
+        if self.rechecking is None:
+            self.rechecking = asyncio.ensure_future(self._recheck_every())
+        async with self.lock:
+            if not self.listening and self.streams:
+                layer = get_channel_layer()
+                try:
+                    await feeds_for(layer).subscribe(layer, REVOCATIONS_GROUP, self)
+                    self.listening = True
+                except Exception:
+                    logger.exception("could not listen for key revocations; re-checking only")
+
+    async def unwatch(self, key_id: int, stream: KeyStream) -> None:
+        streams = self.streams.get(key_id, {})
+        streams.pop(stream, None)
+        if not streams:
+            self.streams.pop(key_id, None)
+        if self.streams:
+            return
+        if self.rechecking is not None:
+            self.rechecking.cancel()
+            self.rechecking = None
+        async with self.lock:
+            if self.listening and not self.streams:
+                self.listening = False
+                await feeds_for(get_channel_layer()).unsubscribe(REVOCATIONS_GROUP, self)
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        """A revocation pushed from any process."""
+        key_id = event.get("apiKeyId")
+        if isinstance(key_id, int):
+            await self._end(key_id)
+
+    async def catch_up(self) -> None:
+        """The layer failed: pushes may be lost, so re-check now."""
+        await self.recheck()
+
+    async def recheck(self) -> None:
+        ids = list(self.streams)
+        if ids:
+            active = await _active_among(ids)
+            for key_id in ids:
+                if key_id not in active:
+                    await self._end(key_id)
+
+    async def _recheck_every(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            try:
+                await self.recheck()
+            except Exception:
+                logger.exception("could not re-check the API keys of open streams")
+
+    async def _end(self, key_id: int) -> None:
+        for stream in tuple(self.streams.get(key_id, {})):
+            try:
+                await stream.key_revoked()
+            except Exception:
+                logger.exception("could not close a stream of revoked API key %s", key_id)
+
+
+@database_sync_to_async
+def _active_among(ids: list[int]) -> set[int]:
+    return set(
+        ApiKey.objects.get_queryset().active().filter(pk__in=ids).values_list("pk", flat=True)
+    )
+
+
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, KeyWatch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def key_watch() -> KeyWatch:
+    """This loop's watch (tests run one loop per test; Daphne one in all)."""
+    loop = asyncio.get_running_loop()
+    watch = _watches.get(loop)
+    if watch is None:
+        watch = _watches[loop] = KeyWatch()
+    return watch
