@@ -4,6 +4,8 @@
   var timeline = document.getElementById("timeline");
   var state = document.getElementById("live-state");
   var runId = timeline.dataset.runId;
+  var tenant = timeline.dataset.tenant;  // named on the stream and on every call
+  var callError = document.getElementById("call-error");
   var lastSeq = 0;
   var cards = {};  // toolCallId -> card element
 
@@ -49,7 +51,8 @@
 
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + location.host + "/ws/v1/runs/" + encodeURIComponent(runId) + "/?after=" + lastSeq);
+    var socket = new WebSocket(scheme + location.host + "/ws/v1/runs/" + encodeURIComponent(runId) + "/?after=" + lastSeq +
+      "&tenant=" + encodeURIComponent(tenant));
     socket.onopen = function () { state.textContent = "live"; state.classList.remove("offline"); };
     socket.onmessage = function (message) {
       var event = JSON.parse(message.data);
@@ -78,8 +81,19 @@
     fetch("/api/v1/invocations/", {
       method: "POST",
       credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": cookie("csrftoken") },
+      headers: {
+        "Content-Type": "application/json",
+        "X-CSRFToken": cookie("csrftoken"),
+        "X-Toolhub-Tenant": tenant
+      },
       body: JSON.stringify({ toolId: form.toolId.value, args: args, runId: runId })
+    }).then(function (response) {
+      // The stream shows calls that ran; a refused request (403, 400...) is said here.
+      if (response.ok) { callError.hidden = true; return; }
+      return response.json().catch(function () { return {}; }).then(function (body) {
+        callError.textContent = "Call refused (" + response.status + "): " + (body.detail || response.statusText);
+        callError.hidden = false;
+      });
     });
   });
 })();
