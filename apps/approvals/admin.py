@@ -7,9 +7,10 @@ from django.http import HttpRequest
 
 from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest, Vote
+from apps.tenants.admin import ScopedChoicesMixin, TenantScopedAdmin
 
 
-class VoteInline(admin.TabularInline[Vote, ApprovalRequest]):
+class VoteInline(ScopedChoicesMixin, admin.TabularInline[Vote, ApprovalRequest]):
     model = Vote
     extra = 0
     can_delete = False
@@ -20,7 +21,7 @@ class VoteInline(admin.TabularInline[Vote, ApprovalRequest]):
 
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(admin.ModelAdmin[ApprovalRequest]):
+class ApprovalRequestAdmin(TenantScopedAdmin):
     """Listed here too; the approve and reject actions go through the same decision code."""
 
     list_display = (
@@ -43,13 +44,6 @@ class ApprovalRequestAdmin(admin.ModelAdmin[ApprovalRequest]):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
-        return (
-            super()
-            .get_queryset(request)
-            .filter(pk__in=ApprovalRequest.objects.visible_to(request.user).values("pk"))
-        )
 
     @admin.action(description="Approve selected calls (as they are)")
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[ApprovalRequest]) -> None:

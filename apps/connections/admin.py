@@ -5,9 +5,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
-from guardian.admin import GuardedModelAdmin
 
 from apps.connections.models import SECRET_FIELDS, Connection, Grant
+from apps.tenants.admin import TenantScopedAdmin, TenantScopedGuardedAdmin
 
 SECRET_INPUTS = sorted({name for names in SECRET_FIELDS.values() for name in names})
 
@@ -50,7 +50,7 @@ class ConnectionForm(forms.ModelForm[Connection]):
 
 
 @admin.register(Connection)
-class ConnectionAdmin(GuardedModelAdmin):
+class ConnectionAdmin(TenantScopedGuardedAdmin):
     form = ConnectionForm
     list_display = ("name", "tenant", "kind", "allowed_hosts", "allow_private_network", "id")
     list_filter = ("tenant", "kind")
@@ -75,7 +75,7 @@ class ConnectionAdmin(GuardedModelAdmin):
 
 
 @admin.register(Grant)
-class GrantAdmin(admin.ModelAdmin[Grant]):
+class GrantAdmin(TenantScopedAdmin):
     list_display = (
         "connection",
         "principal",

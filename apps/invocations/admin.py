@@ -8,7 +8,7 @@ from apps.tenants.admin import TenantScopedAdmin
 
 
 @admin.register(InvocationRecord)
-class InvocationRecordAdmin(TenantScopedAdmin, admin.ModelAdmin[InvocationRecord]):
+class InvocationRecordAdmin(TenantScopedAdmin):
     """Records are evidence: readable, never editable."""
 
     list_display = (
@@ -35,7 +35,9 @@ class InvocationRecordAdmin(TenantScopedAdmin, admin.ModelAdmin[InvocationRecord
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(TenantScopedAdmin, admin.ModelAdmin[RunEvent]):
+class RunEventAdmin(TenantScopedAdmin):
+    """Events are evidence too: readable, never editable or deletable, even by superusers."""
+
     list_display = ("at", "run_id", "seq", "type", "tool_id", "tenant")
     list_filter = ("tenant", "type")
     search_fields = ("run_id", "tool_call_id")
@@ -44,4 +46,7 @@ class RunEventAdmin(TenantScopedAdmin, admin.ModelAdmin[RunEvent]):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

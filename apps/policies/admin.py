@@ -4,6 +4,7 @@ from django import forms
 from django.contrib import admin
 
 from apps.policies.models import Policy, PolicyRule
+from apps.tenants.admin import ScopedChoicesMixin, TenantScopedAdmin
 from apps.tools.models import Effect
 
 
@@ -24,14 +25,14 @@ class PolicyForm(forms.ModelForm[Policy]):
         ]  # fmt: skip
 
 
-class PolicyRuleInline(admin.TabularInline[PolicyRule, Policy]):
+class PolicyRuleInline(ScopedChoicesMixin, admin.TabularInline[PolicyRule, Policy]):
     model = PolicyRule
     extra = 0
     fields = ("position", "tool_pattern", "condition", "outcome", "description")
 
 
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin[Policy]):
+class PolicyAdmin(TenantScopedAdmin):
     form = PolicyForm
     list_display = ("name", "tenant", "group", "principal", "enabled", "updated_at")
     list_filter = ("tenant", "enabled")

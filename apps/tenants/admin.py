@@ -1,24 +1,276 @@
+"""Tenant scoping for every admin page, and the tenants, keys, users and groups admins.
+
+A staff member who is not a superuser sees and edits only their tenants' rows
+(`apps.tenants.scoping`): lists, change/delete/history pages, actions, autocomplete and
+raw-id lookups (they read the target admin's `get_queryset`), foreign-key and
+many-to-many choices (`get_field_queryset` offers what the target admin shows), list
+filters, saves (`save_model` refuses a row of another tenant), and guardian's
+object-permission pages (only their tenants' users and groups). Every ModelAdmin of
+toolhub derives from `TenantScopedAdmin` or uses `ScopedChoicesMixin`;
+tests/admin/test_scoping.py walks `admin.site._registry` to prove it.
+"""
+
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.contrib import admin
+from django.contrib.admin.filters import RelatedOnlyFieldListFilter
+from django.contrib.admin.options import BaseModelAdmin
+from django.contrib.admin.utils import NotRelationField, get_fields_from_path, unquote
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django_tasks_db.admin import DBTaskResultAdmin
+from django_tasks_db.models import DBTaskResult
+from guardian.admin import (
+    AdminGroupObjectPermissionsForm,
+    AdminUserObjectPermissionsForm,
+    GroupManage,
+    GuardedModelAdminMixin,
+    UserManage,
+)
+from guardian.shortcuts import get_groups_with_perms, get_users_with_perms
 
 from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
 
 
-class TenantScopedAdmin(admin.ModelAdmin[Any]):
-    """Staff see only the rows of tenants they are members of (superusers see all)."""
+def scoped_choices(site: admin.AdminSite, request: HttpRequest, model: type[Model]) -> Any:
+    """The rows of `model` a staff member may pick: what its own admin shows them.
+
+    None means "no restriction" (superusers, and models the admin does not show).
+    """
+    if is_superuser(request.user):
+        return None
+    target = site._registry.get(model)
+    return None if target is None else target.get_queryset(request)
+
+
+class ScopedChoicesMixin(BaseModelAdmin[Any]):
+    """Foreign-key and many-to-many choices limited to what the staff member may see.
+
+    The form field's queryset is also what validates a POST, so a forged id of
+    another tenant's row is refused as "not one of the available choices".
+    """
+
+    def get_field_queryset(self, db: Any, db_field: Any, request: HttpRequest) -> Any:
+        queryset = super().get_field_queryset(db, db_field, request)
+        scoped = scoped_choices(self.admin_site, request, db_field.remote_field.model)
+        if scoped is None:
+            return queryset
+        if queryset is None:
+            queryset = db_field.remote_field.model._default_manager.using(db)
+        return queryset.filter(pk__in=scoped.values("pk"))
+
+
+class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
+    """Staff see and save only the rows of tenants they are members of (superusers: all).
+
+    `tenant_field` is the lookup from a row to its tenant ("" when the row is a tenant);
+    admins of rows that belong to no tenant override `scope_queryset` and `in_scope`.
+    `superuser_only_fields` are shown read-only to everyone else.
+    """
+
+    tenant_field = "tenant"
+    superuser_only_fields: tuple[str, ...] = ()
+
+    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        lookup = f"{self.tenant_field}__in" if self.tenant_field else "pk__in"
+        return queryset.filter(**{lookup: staff_tenants(request.user).values("pk")})
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        *path, last = (self.tenant_field or "pk").split("__")
+        owner = obj
+        for step in path:
+            owner = getattr(owner, step)
+        tenant_id = getattr(owner, last if last == "pk" else f"{last}_id")
+        return staff_tenants(request.user).filter(pk=tenant_id).exists()
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
-        user = request.user
-        if getattr(user, "is_superuser", False):
+        if is_superuser(request.user):
             return queryset
-        return queryset.filter(tenant__in=Tenant.objects.filter(members=user.pk))
+        return self.scope_queryset(request, queryset)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        # The form's choices already refuse other tenants; this holds for any field
+        # a subclass adds without a scoped queryset.
+        if not is_superuser(request.user) and not self.in_scope(request, obj):
+            raise PermissionDenied("That row belongs to a tenant you do not operate.")
+        super().save_model(request, obj, form, change)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        if not is_superuser(request.user):
+            fields += [f for f in self.superuser_only_fields if f not in fields]
+        return fields
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        """Relation filters list only related rows in scope, not every tenant's names."""
+        filters = super().get_list_filter(request)
+        if is_superuser(request.user):
+            return filters
+        return [self._related_only(item) for item in filters]
+
+    def _related_only(self, item: Any) -> Any:
+        if not isinstance(item, str):
+            return item
+        try:
+            field = get_fields_from_path(self.model, item)[-1]
+        except (FieldDoesNotExist, NotRelationField):
+            return item
+        return (item, RelatedOnlyFieldListFilter) if field.is_relation else item
+
+
+class TenantScopedGuardedAdmin(GuardedModelAdminMixin, TenantScopedAdmin):  # type: ignore[misc]
+    """Guardian's object-permission pages, limited to the staff member's users and groups.
+
+    The overview lists only their tenants' users and groups holding permissions; the
+    user and group pages 404 for anyone else; non-superusers may assign only the
+    model's own permissions (e.g. execute_tool, use_connection), not add/change/delete.
+    """
+
+    def obj_perms_manage_view(self, request: HttpRequest, object_pk: str) -> HttpResponse:
+        if not self.has_change_permission(request, None):
+            return HttpResponseRedirect(reverse("admin:index", current_app=self.admin_site.name))
+        obj = get_object_or_404(self.get_queryset(request), pk=unquote(object_pk))
+        user_ids = set(visible_users(request.user).values_list("pk", flat=True))
+        group_ids = set(visible_groups(request.user).values_list("pk", flat=True))
+        users_with_perms: dict[Any, Any] = get_users_with_perms(  # type: ignore[assignment]
+            obj, attach_perms=True, with_group_users=False
+        )
+        groups_with_perms: dict[Any, Any] = get_groups_with_perms(obj, attach_perms=True)  # type: ignore[assignment]
+        users_perms = OrderedDict(
+            sorted(
+                ((user, perms) for user, perms in users_with_perms.items() if user.pk in user_ids),
+                key=lambda item: item[0].get_username(),
+            )
+        )
+        groups_perms = OrderedDict(
+            sorted(
+                (
+                    (group, perms)
+                    for group, perms in groups_with_perms.items()
+                    if group.pk in group_ids
+                ),
+                key=lambda item: item[0].name,
+            )
+        )
+        user_form = self.get_obj_perms_user_select_form(request)(
+            request.POST if "submit_manage_user" in request.POST else None
+        )
+        group_form = self.get_obj_perms_group_select_form(request)(
+            request.POST if "submit_manage_group" in request.POST else None
+        )
+        prefix = f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}"
+        if request.method == "POST" and user_form.is_bound and user_form.is_valid():
+            url = f"{prefix}_permissions_manage_user"
+            return HttpResponseRedirect(
+                reverse(url, args=[obj.pk, user_form.cleaned_data["user"].pk])
+            )
+        if request.method == "POST" and group_form.is_bound and group_form.is_valid():
+            url = f"{prefix}_permissions_manage_group"
+            return HttpResponseRedirect(
+                reverse(url, args=[obj.pk, group_form.cleaned_data["group"].pk])
+            )
+        context = self.get_obj_perms_base_context(request, obj)
+        context.update(
+            users_perms=users_perms,
+            groups_perms=groups_perms,
+            user_form=user_form,
+            group_form=group_form,
+        )
+        request.current_app = self.admin_site.name
+        return render(request, self.get_obj_perms_manage_template(), context)
+
+    def obj_perms_manage_user_view(
+        self, request: HttpRequest, object_pk: str, user_id: str
+    ) -> HttpResponse:
+        if not _has_visible(visible_users(request.user), user_id):
+            raise Http404("No such user among your tenants' users.")
+        response: HttpResponse = super().obj_perms_manage_user_view(request, object_pk, user_id)
+        return response
+
+    def obj_perms_manage_group_view(
+        self, request: HttpRequest, object_pk: str, group_id: str
+    ) -> HttpResponse:
+        if not _has_visible(visible_groups(request.user), group_id):
+            raise Http404("No such group among your tenants' groups.")
+        response: HttpResponse = super().obj_perms_manage_group_view(request, object_pk, group_id)
+        return response
+
+    def get_obj_perms_user_select_form(self, request: HttpRequest) -> type[forms.Form]:
+        allowed = visible_users(request.user)
+
+        class ScopedUserManage(UserManage):
+            def clean_user(self) -> Any:
+                user = super().clean_user()
+                if not allowed.filter(pk=user.pk).exists():
+                    raise ValidationError(self.fields["user"].error_messages["does_not_exist"])
+                return user
+
+        return ScopedUserManage
+
+    def get_obj_perms_group_select_form(self, request: HttpRequest) -> type[forms.Form]:
+        allowed = visible_groups(request.user)
+
+        class ScopedGroupManage(GroupManage):
+            def clean_group(self) -> Any:
+                group = super().clean_group()
+                if not allowed.filter(pk=group.pk).exists():
+                    raise ValidationError(self.fields["group"].error_messages["does_not_exist"])
+                return group
+
+        return ScopedGroupManage
+
+    def get_obj_perms_manage_user_form(self, request: HttpRequest) -> Any:
+        if is_superuser(request.user):
+            return AdminUserObjectPermissionsForm
+        return _own_permissions_only(AdminUserObjectPermissionsForm)
+
+    def get_obj_perms_manage_group_form(self, request: HttpRequest) -> Any:
+        if is_superuser(request.user):
+            return AdminGroupObjectPermissionsForm
+        return _own_permissions_only(AdminGroupObjectPermissionsForm)
+
+
+def _has_visible(queryset: QuerySet[Any], pk: str) -> bool:
+    try:
+        return queryset.filter(pk=queryset.model._meta.pk.to_python(pk)).exists()
+    except ValidationError:
+        return False
+
+
+def _own_permissions_only(form_class: Any) -> Any:
+    """Only the model's declared permissions (execute_tool, use_connection, ...)."""
+
+    class OwnPermissionsForm(form_class):
+        def get_obj_perms_field_choices(self) -> list[tuple[str, str]]:
+            declared = {codename for codename, _ in self.obj._meta.permissions}
+            return [c for c in super().get_obj_perms_field_choices() if c[0] in declared]
+
+    return OwnPermissionsForm
+
+
+class SuperuserOnlyChanges(TenantScopedAdmin):
+    """Rows others may only look at: adding, changing and deleting is for superusers."""
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return is_superuser(request.user) and super().has_add_permission(request, *args)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_superuser(request.user) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_superuser(request.user) and super().has_delete_permission(request, obj)
 
 
 class TenantForm(forms.ModelForm[Tenant]):
@@ -39,15 +291,35 @@ class TenantForm(forms.ModelForm[Tenant]):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin[Tenant]):
+class TenantAdmin(TenantScopedAdmin):
+    """Creating and deleting tenants, and their membership and slug, stay with superusers.
+
+    The slug names the tenant's groups and service users, so renaming it would move
+    them in or out of a tenant's scope.
+    """
+
     form = TenantForm
+    tenant_field = ""
+    superuser_only_fields = ("slug", "members")
     list_display = ("slug", "name", "approval_webhook_url", "created_at")
     search_fields = ("slug", "name")
     filter_horizontal = ("members",)
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return is_superuser(request.user)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_superuser(request.user) and super().has_delete_permission(request, obj)
+
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+class ApiKeyAdmin(TenantScopedAdmin):
+    """A new key's plaintext is shown once, on the page that answers the save.
+
+    It never goes into a message: the messages framework keeps messages in a cookie
+    (or the session), where the plaintext would outlive the page.
+    """
+
     list_display = (
         "display_prefix",
         "principal",
@@ -61,6 +333,12 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     search_fields = ("principal", "name", "prefix")
     readonly_fields = ("display_prefix", "created_at", "last_used_at")
     actions = ("revoke_keys",)
+    created_template = "admin/tenants/apikey/created.html"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_readonly_fields(request, obj))
+        # The key is bound to its tenant's service user for this principal when created.
+        return [*fields, "tenant", "principal"] if obj is not None else fields
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         raw = None
@@ -69,9 +347,76 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             raw = obj.assign_new_secret()
         super().save_model(request, obj, form, change)
         if raw:
-            messages.warning(request, f"New API key (copy it now, it is not shown again): {raw}")
+            request._new_api_key = raw  # type: ignore[attr-defined]  # read by response_add
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        raw = getattr(request, "_new_api_key", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "API key created",
+            "key": obj,
+            "raw_key": raw,
+            "changelist_url": reverse("admin:tenants_apikey_changelist"),
+            "add_url": reverse("admin:tenants_apikey_add"),
+        }
+        response = TemplateResponse(request, self.created_template, context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     @admin.action(description="Revoke selected keys")
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         for key in queryset.filter(revoked_at__isnull=True):
             key.revoke()
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+admin.site.unregister(DBTaskResult)
+
+
+@admin.register(User)
+class ScopedUserAdmin(SuperuserOnlyChanges, UserAdmin):
+    """Staff see their tenants' members and service users, read-only.
+
+    Changing a user (password, staff flags, groups, permissions) could reach into
+    another tenant through a shared member, or escalate; superusers do it.
+    """
+
+    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(pk__in=visible_users(request.user).values("pk"))
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        return visible_users(request.user).filter(pk=obj.pk).exists()
+
+
+@admin.register(Group)
+class ScopedGroupAdmin(SuperuserOnlyChanges, GroupAdmin):
+    """Staff see their tenants' groups ("<slug>: ..."), read-only."""
+
+    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(pk__in=visible_groups(request.user).values("pk"))
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        return visible_groups(request.user).filter(pk=obj.pk).exists()
+
+
+@admin.register(DBTaskResult)
+class ScopedTaskResultAdmin(SuperuserOnlyChanges, DBTaskResultAdmin):
+    """Task results belong to no tenant and carry any tenant's ids: superusers only."""
+
+    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.none()
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_superuser(request.user)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_superuser(request.user)
