@@ -89,3 +89,13 @@ def test_it_refuses_an_existing_username_and_leaves_it_alone(acme: Tenant):
         create_staff("--tenant", "acme", "--username", "taken", "--password", PASSWORD)
     user = User.objects.get(username="taken")
     assert not user.is_staff and not user.tenants.exists()
+
+
+def test_the_demo_operator_has_the_operator_role(db: None, tmp_path):
+    from apps.tenants.roles import OPERATOR_PERMISSIONS
+
+    call_command("seed_demo", "--key-file", str(tmp_path / "key"), stdout=StringIO())
+    operator = User.objects.get(username="operator")
+    assert operator.tenants.filter(slug="demo").exists()
+    assert all(operator.has_perm(perm) for perm in OPERATOR_PERMISSIONS)
+    assert not operator.has_perm("policies.change_policy")

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from guardian.shortcuts import assign_perm
@@ -12,6 +12,7 @@ from guardian.shortcuts import assign_perm
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import agents_group
+from apps.tenants.roles import Role, grant_role
 from apps.tools.models import Effect, Source, Tool
 
 DEMO_PRINCIPAL = "agent:demo"
@@ -30,13 +31,8 @@ class Command(BaseCommand):
         tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo tenant"})
         admin = self._user("admin", superuser=True)
         operator = self._user("operator", superuser=False)
-        tenant.members.add(admin, operator)
-        operator.user_permissions.add(
-            *Permission.objects.filter(
-                content_type__app_label__in=["invocations", "tools", "planning"],
-                codename__startswith="view_",
-            )
-        )
+        tenant.members.add(admin)
+        grant_role(operator, tenant, Role.OPERATOR)
         policy, _ = Policy.objects.get_or_create(
             tenant=tenant,
             name="demo: built-in tools",
@@ -50,7 +46,6 @@ class Command(BaseCommand):
         agents = agents_group(tenant)
         for tool in core_tools:
             assign_perm("tools.execute_tool", agents, tool)
-            assign_perm("tools.decide_approval", operator, tool)
         key = self._demo_key(tenant, Path(options["key_file"]) if options["key_file"] else None)
         base = f"http://127.0.0.1:{options['port']}"
         self.stdout.write(
