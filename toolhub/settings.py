@@ -183,6 +183,10 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "login_locked.html"
 AXES_COOLOFF_MESSAGE = "Too many failed logins for this username from your address."
+# Attempts are not tenant data and must not show in a tenant-scoped admin; locks are lifted
+# with `manage.py axes_reset_username`. Successful logins are not stored (no unbounded table).
+AXES_ENABLE_ADMIN = False
+AXES_DISABLE_ACCESS_LOG = True
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
