@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "apps.approvals",
     "apps.invocations",
     "apps.planning",
+    "apps.mcp",
 ]
 
 MIDDLEWARE = [
