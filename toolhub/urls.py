@@ -13,6 +13,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.tools.api.urls")),
     path("", include("apps.invocations.api.urls")),
     path("", include("apps.approvals.api.urls")),
+    path("", include("apps.connections.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from apps.connections.models import Connection
+from apps.connections.models import Connection, Grant
+from apps.tenants.models import Tenant
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -14,3 +15,13 @@ USE = "connections.use_connection"
 
 def can_use_connection(user: User, connection: Connection) -> bool:
     return user.is_active and (user.has_perm(USE) or user.has_perm(USE, connection))
+
+
+def usable_connections(
+    tenant: Tenant, principal: str, user: User, run_id: str = ""
+) -> list[Connection]:
+    """The connections a call by this caller could use now: granted to it (or to the run)
+    and permitted by `use_connection`, the runner's step 4 asked without a request."""
+    granted = Grant.objects.usable_by(tenant, principal, run_id).values("connection")
+    candidates = Connection.objects.filter(tenant=tenant, pk__in=granted).order_by("name", "pk")
+    return [c for c in candidates if can_use_connection(user, c)]

@@ -51,6 +51,20 @@ def admit(tenant: Tenant, principal: str, limit: int) -> Admission:
             return admission
 
 
+def peek(tenant: Tenant, principal: str, limit: int) -> Admission:
+    """Whether a call would be admitted now, taking no slot and writing nothing
+    (the dry run asks this; two dry runs never use up a principal's budget)."""
+    now = timezone.now()
+    live = AdmittedCall.objects.filter(
+        window__tenant=tenant, window__principal=principal, at__gt=now - WINDOW
+    )
+    count = live.count()
+    if count < limit:
+        return Admission(admitted=True)
+    freeing = live.order_by("at").values_list("at", flat=True)[count - limit]
+    return Admission(admitted=False, retry_after_ms=_ms_until(freeing + WINDOW, now))
+
+
 def _admit_locked(window: CallWindow, limit: int, now: datetime) -> Admission:
     entries = AdmittedCall.objects.filter(window=window)
     entries.filter(at__lte=now - WINDOW).delete()

@@ -102,6 +102,7 @@ class Call:
     request_hash: str = ""
     record: InvocationRecord | None = None
     context: ToolContext | None = field(default=None, repr=False)
+    dry_run: bool = False  # simulate(): checks only peek, never take a rate-limit slot
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -162,6 +163,146 @@ def check_call(call: Call) -> None:
     check_connection(call)
     validate_args(call)
     apply_rules(call)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One check of a dry run: passed (ok), refused (with the code), or not reached."""
+
+    check: str
+    ok: bool | None  # None: not reached, because an earlier check it depends on failed
+    message: str
+    code: ErrorCode | None = None
+
+
+@dataclass
+class Simulation:
+    """What `invoke` would do with a request, and why, check by check."""
+
+    decision: str  # "allow" | "deny" | "require_approval"
+    verdicts: list[Verdict]
+    refusal: Refusal | None = None
+    policy_rule: str = ""
+    args_valid: bool = False
+    validation_errors: list[dict[str, str]] = field(default_factory=list)
+    connection_ok: bool | None = None  # None: the tool takes no connection
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{v.check}: {v.message}" for v in self.verdicts]
+
+
+def _simulated_checks() -> list[tuple[str, Any, tuple[str, ...]]]:
+    """Each check a dry run makes (check_call's), and the checks it needs passed first."""
+    return [
+        ("lookup_tool", lookup_tool, ()),
+        ("check_policy", check_policy, ("lookup_tool",)),
+        ("check_permission", check_permission, ("lookup_tool",)),
+        ("check_connection", check_connection, ("lookup_tool",)),
+        ("validate_args", validate_args, ("lookup_tool",)),
+        ("apply_rules", apply_rules, ("check_policy", "validate_args")),
+    ]
+
+
+def simulate(caller: Caller, request: InvocationRequest) -> Simulation:
+    """A dry run of steps 1-7: every check `check_call` makes, without running, holding,
+    recording, emitting or taking a rate-limit slot (NOTHING_RECORDED_ON_DRY_RUN).
+
+    Unlike `invoke` it does not stop at the first refusal: each check whose inputs exist
+    reports its own verdict, so one answer shows everything that needs fixing. The
+    decision is still the first refusal in pipeline order, the one `invoke` would give.
+    """
+    call = Call.receive(caller, request)
+    call.dry_run = True
+    verdicts: dict[str, Verdict] = {}
+    first: Refusal | None = None
+    for name, check, needs in _simulated_checks():
+        if any(not verdicts[n].ok for n in needs):
+            verdicts[name] = Verdict(name, None, "not reached: " + ", ".join(needs) + " must pass")
+            continue
+        try:
+            check(call)
+        except Refusal as refusal:
+            verdicts[name] = Verdict(name, False, refusal.safe_message, refusal.code)
+            first = first or refusal
+            continue
+        verdicts[name] = Verdict(name, True, _passed(name, call))
+    simulation = Simulation(
+        decision="deny" if first else "allow",
+        verdicts=list(verdicts.values()),
+        refusal=first,
+        policy_rule=call.decision.rule if call.decision is not None else "",
+        args_valid=verdicts["validate_args"].ok is True,
+        connection_ok=(
+            None
+            if call.tool is None or not call.tool.requires_connection
+            else verdicts["check_connection"].ok is True
+        ),
+    )
+    if verdicts["validate_args"].ok is False:
+        simulation.validation_errors = _validation_errors(call)
+    if first is None:
+        _simulate_hold(call, simulation)
+    return simulation
+
+
+def _passed(name: str, call: Call) -> str:
+    assert call.tool is not None
+    if name == "lookup_tool":
+        return f"{call.tool.id} exists and is enabled."
+    if name in ("check_policy", "apply_rules"):
+        assert call.decision is not None
+        when = "with these arguments" if name == "apply_rules" else "before its rules"
+        return f"{call.decision.reason} ({call.decision.rule}, {when})"
+    if name == "check_permission":
+        return f"{call.caller.principal} holds execute_tool on {call.tool.id}."
+    if name == "check_connection":
+        if not call.tool.requires_connection:
+            return f"{call.tool.id} takes no connection."
+        return "The connection is granted and usable."
+    return "The arguments match the tool's schema."
+
+
+def _simulate_hold(call: Call, simulation: Simulation) -> None:
+    """Step 6 and 7 as questions: would this replay an earlier call, would it be held?"""
+    assert call.tool is not None and call.decision is not None
+    if call.request.idempotency_key and _claimed_key(call):
+        simulation.verdicts.append(
+            Verdict(
+                "find_replay",
+                True,
+                "This idempotencyKey was used before: the call would answer with that "
+                "call's outcome (or a validation error if it differs) and run nothing.",
+            )
+        )
+    if call.decision.requires_approval or call.tool.requires_confirmation:
+        simulation.decision = "require_approval"
+        why = (
+            call.decision.reason
+            if call.decision.requires_approval
+            else f"{call.tool.id} asks for confirmation of every call."
+        )
+        simulation.verdicts.append(Verdict("hold_for_approval", True, f"Held: {why}"))
+    else:
+        simulation.verdicts.append(Verdict("hold_for_approval", True, "Not held: it would run."))
+
+
+def _validation_errors(call: Call) -> list[dict[str, str]]:
+    """The schema errors field by field (never their values), for forms and the API."""
+    if call.args_problem is not None or call.registered is None:
+        problem = call.args_problem.safe_message if call.args_problem else "invalid"
+        return [{"field": "arguments", "message": problem}]
+    try:
+        call.registered.contract.params.model_validate_json(json.dumps(call.raw_args), strict=True)
+    except ValidationError as exc:
+        return [
+            {
+                "field": ".".join(str(part) for part in error["loc"]) or "arguments",
+                "message": error["msg"],
+            }
+            for error in exc.errors(include_input=False, include_url=False)
+        ]
+    return [{"field": "arguments", "message": "The arguments are too large."}]
 
 
 def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
@@ -256,7 +397,8 @@ def check_policy(call: Call) -> None:
     limit = call.decision.budgets.calls_per_minute
     if limit is None or call.record is not None or _claimed_key(call):
         return  # an approved call was counted when it was requested; a replay runs nothing
-    admission = ratelimit.admit(caller.tenant, caller.principal, limit)
+    take = ratelimit.peek if call.dry_run else ratelimit.admit
+    admission = take(caller.tenant, caller.principal, limit)
     if not admission.admitted:
         wait_s = admission.retry_after_ms / 1000
         raise Refusal(

@@ -35,6 +35,13 @@ def holds(expression: str, variables: dict[str, Any]) -> bool:
     program = compile_condition(expression)
     try:
         value = program.execute(variables)
+    except KeyError as exc:
+        # CEL has no "absent is false": reading a field the call lacks is an error.
+        name = str(exc.args[0]) if exc.args else "?"
+        raise ConditionError(
+            f"the call has no field {name!r}; a condition on an optional field must "
+            f"test it first, e.g. has(args.{name}) && ..."
+        ) from None
     except Exception as exc:
         # A missing field, a type mismatch, an undefined function: fail closed.
         raise ConditionError(f"The condition failed to evaluate ({type(exc).__name__}).") from None

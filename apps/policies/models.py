@@ -178,3 +178,9 @@ class PolicyRule(models.Model):
     @property
     def label(self) -> str:
         return f"{self.policy.label}/rule:{self.pk}"
+
+    @property
+    def name(self) -> str:
+        """How denials name the rule: its description, else its condition, and its id."""
+        what = self.description or f"when {self.condition[:160]}"
+        return f"Rule {self.pk} of policy {self.policy.name!r} ({what})"

@@ -62,6 +62,13 @@ class Decision:
 
 
 DEFAULT_DENY = "default:deny"
+# How a reason names what a matching rule did; the rule's name lets a model or a person
+# see which condition to satisfy.
+VERDICT_WORDS = {
+    Outcome.ALLOW: "allows this call",
+    Outcome.DENY: "denies this call",
+    Outcome.REQUIRE_APPROVAL: "holds this call for a human",
+}
 
 
 class Evaluator:
@@ -132,11 +139,11 @@ class Evaluator:
         try:
             holds = conditions.holds(rule.condition, variables)
         except conditions.ConditionError as exc:
-            return (Outcome.DENY, rule.label, f"A policy rule could not be evaluated: {exc}")
+            reason = f"{rule.name} could not be evaluated, so the call is denied: {exc}"
+            return (Outcome.DENY, rule.label, reason)
         if not holds:
             return None
-        reason = rule.description or f"Rule matched: {rule.condition[:200]}"
-        return (rule.outcome, rule.label, reason)
+        return (rule.outcome, rule.label, f"{rule.name} {VERDICT_WORDS[rule.outcome]}.")
 
 
 def _terms(policies: list[Policy]) -> ApprovalTerms:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.contrib.auth import get_user_model
+
 from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.principals import service_username
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
@@ -46,6 +49,30 @@ class Caller:
                 raise NoTenant("Name the tenant to act in with the X-Toolhub-Tenant header.")
             tenant = found[0]
         return cls(tenant=tenant, principal=f"user:{user.get_username()}", user=user)
+
+
+class UnknownPrincipal(Exception):
+    """A dry run on behalf of a principal the tenant has never issued a key or setup for."""
+
+
+def on_behalf(staff: User, tenant_slug: str, principal: str) -> Caller:
+    """A staff member asking as one of their tenant's principals (the dry run only).
+
+    The principal must already have its service user (a key or a setup made it): asking
+    never creates one, and a typo is answered as such instead of "denied".
+    """
+    if not getattr(staff, "is_staff", False):
+        raise NoTenant("Only staff may ask on behalf of a principal.")
+    tenants = Tenant.objects.all()
+    if not getattr(staff, "is_superuser", False):
+        tenants = tenants.filter(members=staff.pk)
+    tenant = tenants.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise NoTenant(f"You are not a member of tenant {tenant_slug!r}.")
+    user = get_user_model().objects.filter(username=service_username(tenant, principal)).first()
+    if user is None:
+        raise UnknownPrincipal(f"Tenant {tenant.slug} has no principal {principal!r}.")
+    return Caller(tenant=tenant, principal=principal, user=user)
 
 
 class ApiPrincipal:
