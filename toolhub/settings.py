@@ -193,6 +193,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times with seconds, ISO order, everywhere (admin lists and pages included).
+FORMAT_MODULE_PATH = ["toolhub.formats"]
 
 STATIC_URL = "/static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
@@ -304,6 +306,17 @@ TOOLHUB_MAX_REQUEST_BYTES = env_int(
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLHUB_MAX_REQUEST_BYTES
 
+# Where the runner finds tools (apps/tools/sources.py), asked in order.
+TOOLHUB_TOOL_SOURCES = ["apps.tools.sources.BuiltinSource", "apps.mcp.source.McpSource"]
+# Executables an MCP server registered over stdio may run (apps/mcp); staff-only, never
+# chosen through the API. Empty: no stdio server can be added.
+TOOLHUB_MCP_STDIO_COMMANDS = env_list("TOOLHUB_MCP_STDIO_COMMANDS")
+# toolhub as an MCP server (/mcp/, apps/mcp/server): tools per tools/list page, and how
+# long a session id stays valid (sessions are signed ids, stored nowhere).
+TOOLHUB_MCP_PAGE_SIZE = env_int("TOOLHUB_MCP_PAGE_SIZE", 100, minimum=1, maximum=1000)
+TOOLHUB_MCP_SESSION_TTL_S = env_int(
+    "TOOLHUB_MCP_SESSION_TTL_S", 24 * 3600, minimum=60, maximum=30 * 24 * 3600
+)
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",

@@ -25,8 +25,8 @@ from apps.invocations.models import ErrorCode, Status
 from apps.invocations.requests import MAX_ARGS_BYTES
 from apps.policies.policy import Evaluator
 from apps.tenants.callers import Caller
+from apps.tools import sources
 from apps.tools.permissions import can_decide
-from apps.tools.registry import registry
 
 
 class DecisionError(Exception):
@@ -173,7 +173,7 @@ def _approve(
 
 def _apply_edit(approval: ApprovalRequest, args: dict[str, Any]) -> None:
     """Edited args: validated against the schema and re-checked by policy first."""
-    registered = registry.get(approval.tool_id)
+    registered = sources.get_tool(approval.tool_id)
     if registered is None:
         raise InvalidEdit("The tool is no longer available.")
     size = len(json.dumps(args, separators=(",", ":"), ensure_ascii=False).encode())

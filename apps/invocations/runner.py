@@ -15,7 +15,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
   7 hold_for_approval    pending_approval
   8 record_start         tool_call_start
   9 bind_capabilities
- 10 execute              execution, timeout, cancelled
+ 10 execute              execution, timeout, cancelled, unavailable (a remote server down)
     scrub_secrets        execution (the connection's secrets out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
  12 redact_result        redaction_failed
@@ -44,24 +44,24 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from apps.approvals import notify
 from apps.approvals.models import ApprovalRequest
 from apps.connections import broker
 from apps.connections.models import Connection, Grant
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import events, ratelimit
+from apps.invocations import events, ratelimit, signals
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
 from apps.policies import policy
 from apps.tenants.callers import Caller
+from apps.tools import sources
 from apps.tools.capabilities import Capabilities
-from apps.tools.contracts import ToolContext, ToolError, ToolParams
+from apps.tools.contracts import ToolContext, ToolError, ToolParams, ToolUnavailable
 from apps.tools.models import Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
-from apps.tools.registry import RegisteredTool, registry
+from apps.tools.registry import RegisteredTool
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def resume(approval: ApprovalRequest) -> InvocationRecord:
 def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:
     """A held call that will not run: its record ends with `code`, events included."""
     call = _call_for(approval, args=approval.args)
-    call.tool, call.registered = approval.tool, registry.get(approval.tool_id)
+    call.tool, call.registered = approval.tool, sources.get_tool(approval.tool_id)
     return record_refusal(call, Refusal(code, safe_message))
 
 
@@ -378,7 +378,7 @@ def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
 def lookup_tool(call: Call) -> None:
     """1. The tool must exist, be enabled by staff and still be provided."""
     tool = Tool.objects.filter(pk=call.tool_ref).first()
-    registered = registry.get(call.tool_ref)
+    registered = sources.get_tool(call.tool_ref)
     if tool is None or registered is None or not tool.available:
         raise Refusal(ErrorCode.UNAVAILABLE, f"There is no tool {call.tool_ref[:140]!r}.")
     call.tool, call.registered = tool, registered
@@ -619,7 +619,7 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
     except IntegrityError:
         call.record = None
         return _idempotency_winner(call)
-    transaction.on_commit(lambda: notify.pending(approval))
+    transaction.on_commit(lambda: signals.call_held.send(sender=ApprovalRequest, approval=approval))
     return call.record
 
 
@@ -638,8 +638,9 @@ def record_start(call: Call) -> InvocationRecord | None:
         call.record.started_at = now
         call.record.args = call.redacted_args()
         call.record.request_hash = call.request_hash
-        call.record.save(update_fields=["status", "started_at", "args", "request_hash"])
-        _emit_start(call, now)
+        with transaction.atomic():  # a running record always has its start event
+            call.record.save(update_fields=["status", "started_at", "args", "request_hash"])
+            _emit_start(call, now)
         return None
     try:
         with transaction.atomic():
@@ -649,10 +650,10 @@ def record_start(call: Call) -> InvocationRecord | None:
                 status=Status.RUNNING,
                 started_at=now,
             )
+            _emit_start(call, now)
     except IntegrityError:
         call.record = None
         return _idempotency_winner(call)
-    _emit_start(call, now)
     return None
 
 
@@ -698,6 +699,8 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         ) from None
     except Refusal:
         raise  # _wait's cancellation (POST .../cancel/): not a tool failure
+    except ToolUnavailable as exc:
+        raise Refusal(ErrorCode.UNAVAILABLE, exc.safe_message[:1000]) from None
     except ToolError as exc:
         raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
     except Exception as exc:
@@ -808,15 +811,16 @@ def record_result(call: Call, result: Any) -> InvocationRecord:
 
 def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
     """Any step's refusal: recorded like a result, start and result events included."""
-    if call.record is None:
-        call.record = InvocationRecord.objects.create(
-            **_record_fields(call), status=Status.FAILED, started_at=call.received_at
-        )
-        _emit_start(call, call.received_at)
-    elif call.record.started_at is None:  # a held call that ends without running
-        call.record.started_at = timezone.now()
-        _emit_start(call, call.record.started_at)
-    return _finish(call, ok=False, refusal=refusal)
+    with transaction.atomic():  # the record and both its events, or none of them
+        if call.record is None:
+            call.record = InvocationRecord.objects.create(
+                **_record_fields(call), status=Status.FAILED, started_at=call.received_at
+            )
+            _emit_start(call, call.received_at)
+        elif call.record.started_at is None:  # a held call that ends without running
+            call.record.started_at = timezone.now()
+            _emit_start(call, call.record.started_at)
+        return _finish(call, ok=False, refusal=refusal)
 
 
 # ---------------------------------------------------------------- records and events
@@ -853,7 +857,8 @@ def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
 def _close_record(
     record: InvocationRecord, *, ok: bool, result: Any = None, refusal: Refusal | None = None
 ) -> InvocationRecord:
-    """Store the outcome and emit tool_call_result; everything needed is on the record."""
+    """Store the outcome and emit tool_call_result in one transaction: a final record
+    always has its result event, whatever kills the process (EVERY_RESULT_EMITTED)."""
     assert record.started_at is not None
     record.ended_at = timezone.now()
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
@@ -865,15 +870,23 @@ def _close_record(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
-    record.save()
+    with transaction.atomic():
+        record.save()
+        emit_result(record)
     _log(record)
+    return record
+
+
+def emit_result(record: InvocationRecord) -> None:
+    """tool_call_result from a final record: on closing it, or by the sweeper for a
+    record closed without one (apps.approvals.tasks.repair_missing_results)."""
     outcome: dict[str, Any] = {
-        "ok": ok,
+        "ok": record.ok,
         "durationMs": record.duration_ms,
         "invocationId": str(record.pk),
     }
-    if ok:
-        outcome["result"] = result
+    if record.ok:
+        outcome["result"] = record.result
     else:
         outcome["errorCode"] = record.error_code
         outcome["safeMessage"] = record.safe_message
@@ -887,7 +900,6 @@ def _close_record(
         tool_id=record.tool_ref,
         **outcome,
     )
-    return record
 
 
 def _log(record: InvocationRecord) -> None:

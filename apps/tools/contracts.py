@@ -46,6 +46,11 @@ class ToolError(Exception):
         self.safe_message = safe_message
 
 
+class ToolUnavailable(ToolError):
+    """Raised by a tool whose provider cannot be reached (a remote server that is down):
+    the call ends as `unavailable`, not as a tool failure."""
+
+
 @dataclass(frozen=True)
 class Redaction:
     """Allowlists of field paths ("steps.title") kept in records, events and results.

@@ -1,0 +1,12 @@
+"""What the runner announces, for other apps to act on without the runner knowing them.
+
+The approvals app subscribes in its AppConfig.ready, so the dependency points one
+way: approvals -> runner, never back (tests/test_architecture.py checks it).
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+# Sent after the transaction that held a call commits; kwargs: approval (ApprovalRequest).
+call_held = Signal()

@@ -1,0 +1,129 @@
+"""MCP servers and their imported tools: superusers only.
+
+A server decides what toolhub runs (a stdio command) or contacts (a URL) for every
+tenant, so tenant staff do not even see it; credentials per tenant are rows of the
+server's page, connections of that tenant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from apps.mcp import discovery
+from apps.mcp.models import McpServer, McpServerCredential, McpTool
+from apps.mcp.sessions import pool
+from apps.tenants.admin import SuperuserOnlyChanges
+from apps.tenants.scoping import is_superuser
+
+
+class SuperusersOnly(SuperuserOnlyChanges):
+    """Rows of no tenant that reach every tenant: invisible to tenant staff."""
+
+    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.none()
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_superuser(request.user)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_superuser(request.user)
+
+
+class CredentialInline(admin.TabularInline[McpServerCredential, McpServer]):
+    model = McpServerCredential
+    extra = 0
+    autocomplete_fields = ()
+    verbose_name_plural = "credentials per tenant (HTTP servers: a connection of that tenant)"
+
+
+@admin.register(McpServer)
+class McpServerAdmin(SuperusersOnly):
+    list_display = ("name", "transport", "target", "enabled", "last_synced_at", "last_error")
+    readonly_fields = ("last_synced_at", "last_error", "created_at")
+    inlines = (CredentialInline,)
+    actions = ("sync",)
+
+    @admin.display(description="URL or command")
+    def target(self, obj: McpServer) -> str:
+        return obj.url or obj.command
+
+    def save_model(self, request: HttpRequest, obj: McpServer, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        pool.close_server(obj.name)  # the next call starts a session with the new settings
+
+    @admin.action(description="Discover tools (sync); new and changed tools stay disabled")
+    def sync(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            try:
+                report = discovery.sync_server(server)
+            except discovery.SyncFailed as exc:
+                self.message_user(request, f"{server.name}: {exc}", messages.ERROR)
+                continue
+            self.message_user(
+                request,
+                f"{server.name}: {len(report.created)} new, {len(report.changed)} changed, "
+                f"{len(report.unusable)} unusable, {len(report.gone)} gone.",
+                messages.SUCCESS,
+            )
+            for error in report.errors:
+                self.message_user(request, f"{server.name}: {error}", messages.ERROR)
+
+
+@admin.register(McpTool)
+class McpToolAdmin(SuperusersOnly):
+    """What an admin decides about an imported tool: its effect (never the server's hint),
+    consequence, confirmation, and whether to accept a changed description or schema."""
+
+    list_display = ("tool", "server", "effect", "enabled", "usable", "change_pending")
+    list_filter = ("server", "effect")
+    fields = (
+        "tool", "server", "remote_name", "description", "effect", "consequence_level",
+        "requires_confirmation", "redaction_args", "annotations_hint", "unusable_reason",
+        "pending_since", "change_diff", "input_schema",
+    )  # fmt: skip
+    readonly_fields = (
+        "tool", "server", "remote_name", "description", "annotations_hint", "unusable_reason",
+        "pending_since", "change_diff", "input_schema",
+    )  # fmt: skip
+    actions = ("accept_change",)
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False  # imported by discovery only
+
+    @admin.display(boolean=True)
+    def enabled(self, obj: McpTool) -> bool:
+        return obj.tool.enabled
+
+    @admin.display(boolean=True)
+    def usable(self, obj: McpTool) -> bool:
+        return not obj.unusable_reason
+
+    @admin.display(boolean=True)
+    def change_pending(self, obj: McpTool) -> bool:
+        return obj.has_pending_change
+
+    @admin.display(description="Server's annotations (hints, not trusted)")
+    def annotations_hint(self, obj: McpTool) -> str:
+        return ", ".join(f"{key}={value}" for key, value in obj.annotations.items()) or "none"
+
+    @admin.display(description="Change declared by the server")
+    def change_diff(self, obj: McpTool) -> str:
+        diff = obj.pending_diff()
+        return format_html("<pre>{}</pre>", diff) if diff else "none"
+
+    def save_model(self, request: HttpRequest, obj: McpTool, form: Any, change: bool) -> None:
+        discovery.apply_to_catalog(obj)  # the catalog row carries effect and confirmation
+
+    @admin.action(description="Accept the declared change (re-enables only if enabled before)")
+    def accept_change(self, request: HttpRequest, queryset: QuerySet[McpTool]) -> None:
+        for row in queryset.select_related("tool", "server"):
+            discovery.accept_change(row)
+        self.message_user(request, "Accepted.", messages.SUCCESS)

@@ -1,0 +1,234 @@
+"""Importing a server's tools into the catalog (mcp_sync, the admin action, list_changed).
+
+Nothing is ever enabled here: a new tool starts disabled and untrusted (effect
+external_side_effect, whatever its annotations claim); a tool whose description or
+schema changed is disabled until an admin accepts the change (tool poisoning); a
+tool whose schema is outside the subset is imported unusable with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.mcp.models import McpServer, McpTool, tool_hash
+from apps.mcp.sessions import ServerTimeout, ServerUnavailable, pool
+from apps.mcp.source import build_contract, endpoint_for, short_description
+from apps.tools.contracts import ToolError
+from apps.tools.models import Source, Tool
+
+logger = logging.getLogger(__name__)
+ID_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+
+
+class SyncFailed(Exception):
+    """The server could not be listed at all (down, hanging, not MCP)."""
+
+
+@dataclass
+class SyncReport:
+    server: str
+    created: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    unusable: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def normalise(remote_name: str) -> str:
+    """A remote tool name as the last part of an id: lower case, [a-z0-9_] only."""
+    return re.sub(r"[^a-z0-9_]", "_", remote_name.lower())
+
+
+def tool_id_for(server: McpServer, remote_name: str) -> str | None:
+    tool_id = server.tool_prefix + normalise(remote_name)
+    return tool_id if ID_RE.fullmatch(tool_id) and normalise(remote_name).strip("_") else None
+
+
+def sync_server(
+    server: McpServer, progress: Callable[[str], None] = lambda line: None
+) -> SyncReport:
+    report = SyncReport(server=server.name)
+    progress(f"{server.name}: listing tools")
+    try:
+        listed = pool.list_tools(endpoint_for(server, None), timeout=server.timeout_ms / 1000)
+    except (ServerUnavailable, ServerTimeout, ToolError) as exc:
+        reason = (
+            f"no answer within {server.timeout_ms} ms"
+            if isinstance(exc, ServerTimeout)
+            else getattr(exc, "safe_message", None) or str(exc)
+        )
+        server.last_error = f"listing failed: {reason}"[:2000]
+        server.save(update_fields=["last_error"])
+        raise SyncFailed(server.last_error) from None
+    declared = {tool.name: tool for tool in listed}
+    by_id: dict[str, list[str]] = {}
+    for name in declared:
+        tool_id = tool_id_for(server, name)
+        if tool_id is None:
+            report.errors.append(
+                f"{name[:80]!r} cannot become an id mcp__{server.name}__<tool> matching "
+                "^[a-z0-9_]{1,64}$"
+            )
+            continue
+        by_id.setdefault(tool_id, []).append(name)
+    with transaction.atomic():
+        for tool_id, names in sorted(by_id.items()):
+            if len(names) > 1:
+                report.errors.append(
+                    f"{', '.join(repr(n) for n in sorted(names))} collide as {tool_id}; "
+                    "none of them is imported"
+                )
+                continue
+            _import_one(server, tool_id, declared[names[0]], report, progress)
+        _mark_gone(server, set(declared), report)
+        server.last_synced_at = timezone.now()
+        server.last_error = "; ".join(report.errors)[:2000]
+        server.save(update_fields=["last_synced_at", "last_error"])
+    progress(
+        f"{server.name}: {len(report.created)} new, {len(report.changed)} changed (disabled until "
+        f"accepted), {len(report.unchanged)} unchanged, {len(report.gone)} gone, "
+        f"{len(report.unusable)} unusable, {len(report.errors)} errors"
+    )
+    for error in report.errors:
+        progress(f"{server.name}: error: {error}")
+    return report
+
+
+def _import_one(
+    server: McpServer,
+    tool_id: str,
+    declared: Any,
+    report: SyncReport,
+    progress: Callable[[str], None],
+) -> None:
+    description = declared.description or ""
+    schema = declared.input_schema if isinstance(declared.input_schema, dict) else {}
+    annotations = (
+        declared.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if declared.annotations is not None
+        else {}
+    )
+    digest = tool_hash(description, schema)
+    row = (
+        McpTool.objects.select_related("tool")
+        .filter(server=server, remote_name=declared.name)
+        .first()
+    )
+    now = timezone.now()
+    if row is None:
+        holder = Tool.objects.filter(pk=tool_id).first()
+        if holder is not None:
+            report.errors.append(f"{tool_id} is already taken by another tool; not imported")
+            return
+        tool = Tool(id=tool_id, enabled=False, source=Source.MCP)
+        row = McpTool(
+            server=server,
+            remote_name=declared.name,
+            tool=tool,
+            description=description,
+            input_schema=schema,
+            accepted_hash=digest,
+        )
+        report.created.append(tool_id)
+        progress(f"{server.name}: new tool {tool_id} (disabled)")
+    elif digest != row.accepted_hash:
+        if tool_hash(row.pending_description, row.pending_input_schema or {}) != digest:
+            row.pending_description, row.pending_input_schema = description, schema
+            row.pending_since = now
+        if row.tool.enabled:
+            row.enabled_before_change = True
+            row.tool.enabled = False
+        report.changed.append(tool_id)
+        progress(f"{server.name}: {tool_id} changed; disabled until an admin accepts it")
+    else:
+        if row.has_pending_change:  # the server went back to what was accepted
+            row.pending_description, row.pending_input_schema, row.pending_since = "", None, None
+            row.tool.enabled = row.tool.enabled or row.enabled_before_change
+            row.enabled_before_change = False
+        report.unchanged.append(tool_id)
+    row.annotations = annotations
+    row.seen_at = now
+    apply_to_catalog(row)
+    if row.unusable_reason:
+        report.unusable[tool_id] = row.unusable_reason
+        progress(f"{server.name}: {tool_id} is unusable: {row.unusable_reason}")
+
+
+def apply_to_catalog(row: McpTool) -> None:
+    """Compile the accepted version and mirror it into the tool's catalog row."""
+    tool = row.tool
+    try:
+        registered = build_contract(row)
+    except Exception as exc:
+        row.unusable_reason = str(exc)[:1000] or type(exc).__name__
+        tool.input_schema = row.input_schema if isinstance(row.input_schema, dict) else {}
+        tool.output_schema = {}
+        tool.schema_hash = ""
+        tool.redaction_result, tool.redaction_args = [], []
+    else:
+        row.unusable_reason = ""
+        tool.input_schema = registered.input_schema
+        tool.output_schema = registered.output_schema
+        tool.schema_hash = registered.schema_hash
+        assert registered.contract.redaction is not None
+        tool.redaction_result = list(registered.contract.redaction.result)
+        tool.redaction_args = list(registered.contract.redaction.args)
+    tool.name = row.tool_id.removeprefix("mcp__")[:64] if row.tool_id else tool.id[5:69]
+    tool.description = short_description(row.description)
+    tool.effect = row.effect
+    tool.consequence_level = row.consequence_level
+    tool.requires_confirmation = row.requires_confirmation
+    tool.requires_connection = False
+    tool.timeout_ms = row.server.timeout_ms
+    tool.tags = ["mcp", row.server.name]
+    tool.version = row.accepted_hash[:16]
+    tool.source = Source.MCP
+    tool.available = True
+    if row.unusable_reason:
+        tool.enabled = False
+    tool.save()
+    row.tool = tool
+    row.save()
+
+
+def _mark_gone(server: McpServer, declared: set[str], report: SyncReport) -> None:
+    for row in McpTool.objects.filter(server=server).exclude(remote_name__in=declared):
+        Tool.objects.filter(pk=row.tool_id).update(available=False)
+        report.gone.append(row.tool_id)
+
+
+@transaction.atomic
+def accept_change(row: McpTool) -> None:
+    """An admin accepts what the server declares now; the tool is enabled again only if
+    it was enabled before the change."""
+    if not row.has_pending_change:
+        return
+    row.description = row.pending_description
+    row.input_schema = row.pending_input_schema or {}
+    row.accepted_hash = tool_hash(row.description, row.input_schema)
+    row.pending_description, row.pending_input_schema, row.pending_since = "", None, None
+    row.tool.enabled = row.enabled_before_change
+    row.enabled_before_change = False
+    apply_to_catalog(row)
+
+
+def sync_on_list_changed(server_name: str) -> None:
+    """notifications/tools/list_changed: re-sync (which never enables anything)."""
+    from django.db import close_old_connections
+
+    try:
+        server = McpServer.objects.filter(name=server_name, enabled=True).first()
+        if server is not None:
+            sync_server(server)
+    except Exception as exc:
+        logger.warning("re-sync of MCP server %s failed: %s", server_name, type(exc).__name__)
+    finally:
+        close_old_connections()

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.mcp.models import McpServer, Transport
+
+
+class Command(BaseCommand):
+    help = (
+        "Register an MCP server: --url for streamable HTTP, or --command for a stdio program "
+        "on TOOLHUB_MCP_STDIO_COMMANDS. Then run mcp_sync."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--url")
+        target.add_argument("--command", dest="stdio_command")
+        parser.add_argument("--timeout-ms", type=int, default=15000)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name = options["name"]
+        server = McpServer.objects.filter(name=name).first() or McpServer(name=name)
+        if options["url"]:
+            server.transport, server.url, server.command = Transport.HTTP, options["url"], ""
+        else:
+            server.transport, server.url = Transport.STDIO, ""
+            server.command = options["stdio_command"]
+        server.timeout_ms = options["timeout_ms"]
+        try:
+            server.full_clean()
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        created = server.pk is None
+        server.save()
+        self.stdout.write(
+            f"{'Registered' if created else 'Updated'} MCP server {name}; "
+            f"now run: python manage.py mcp_sync {name}"
+        )

@@ -1,0 +1,145 @@
+"""The JSON-RPC methods of toolhub's MCP server, over the same catalog and runner as REST.
+
+Protocol problems (unknown method, bad params) are JSON-RPC errors; everything that
+happens to a call once it reaches the runner (denied, invalid arguments, failed,
+held) is a `CallToolResult`, so a model sees it the way it sees any tool result.
+These functions are synchronous: the transport runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from pydantic import ValidationError
+
+from apps.invocations import runner
+from apps.invocations.api.serializers import InvocationSerializer
+from apps.invocations.models import InvocationRecord, Status
+from apps.invocations.requests import InvocationRequest
+from apps.mcp.server import tools
+from apps.mcp.server.sessions import Session
+from apps.policies.policy import catalog
+from apps.tenants.callers import Caller
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+
+# Revisions negotiated through `initialize`, oldest first; a client asking for another
+# gets the newest (the spec's counter-offer). Later, handshake-free revisions are not
+# spoken: `server/discover` is answered "method not found", and clients fall back.
+PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+LATEST = PROTOCOL_VERSIONS[-1]
+
+INSTRUCTIONS = (
+    "toolhub runs every call through its policies. A call that needs a human decision "
+    "answers at once with its approvalId and invocationId; its outcome arrives later on "
+    "the REST API (GET /api/v1/invocations/<invocationId>/) and the run's event stream."
+)
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any], Session]:
+    asked = params.get("protocolVersion")
+    if not isinstance(asked, str):
+        raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion (a string).")
+    version = asked if asked in PROTOCOL_VERSIONS else LATEST
+    session = Session.start(api_key_id, version)
+    result = {
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": True}},
+        "serverInfo": {"name": "toolhub", "title": "toolhub", "version": "1"},
+        "instructions": INSTRUCTIONS,
+    }
+    return result, session
+
+
+def answer(caller: Caller, session: Session, method: str, params: dict[str, Any]) -> Any:
+    """The result of one request in a session, or RpcError."""
+    if method == "ping":
+        return {}
+    if method == "tools/list":
+        return list_tools(caller, params)
+    if method == "tools/call":
+        return call_tool(caller, session, params)
+    if method == "initialize":
+        raise RpcError(INVALID_REQUEST, "This session is already initialized.")
+    raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+
+
+def list_tools(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+    cursor = params.get("cursor")
+    if cursor is not None and not isinstance(cursor, str):
+        raise RpcError(INVALID_PARAMS, "cursor must be a string from an earlier tools/list.")
+    allowed = catalog(caller.tenant, caller.principal, caller.user)
+    try:
+        listed, next_cursor = tools.page(allowed, cursor, settings.TOOLHUB_MCP_PAGE_SIZE)
+    except tools.BadCursor as exc:
+        raise RpcError(INVALID_PARAMS, str(exc)) from exc
+    result: dict[str, Any] = {"tools": listed}
+    if next_cursor is not None:
+        result["nextCursor"] = next_cursor
+    return result
+
+
+def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[str, Any]:
+    """One call through the runner; `_meta.runId` names the run, else the session's run."""
+    name, arguments = params.get("name"), params.get("arguments")
+    meta = params.get("_meta") or {}
+    if not isinstance(name, str) or not name:
+        raise RpcError(INVALID_PARAMS, "tools/call needs params.name (a tool id).")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise RpcError(INVALID_PARAMS, "params.arguments must be an object.")
+    if not isinstance(meta, dict):
+        raise RpcError(INVALID_PARAMS, "params._meta must be an object.")
+    try:
+        request = InvocationRequest(
+            tool_id=name,
+            args=arguments or {},
+            run_id=meta.get("runId") or session.run_id,
+            tool_call_id=meta.get("toolCallId"),
+        )
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
+        raise RpcError(INVALID_PARAMS, f"Invalid tools/call params ({fields}).") from exc
+    return call_result(runner.invoke(caller, request))
+
+
+def call_result(record: InvocationRecord) -> dict[str, Any]:
+    """A CallToolResult: the text a model reads, and the REST record as structuredContent."""
+    body = json.loads(json.dumps(InvocationSerializer(record).data, cls=DjangoJSONEncoder))
+    if record.status == Status.PENDING_APPROVAL:
+        text = (
+            f"The call is held for human approval: approvalId {body.get('approvalId')}, "
+            f"invocationId {body['invocationId']}. Its outcome is not known yet."
+        )
+        return _result(text, body, is_error=False)
+    if record.status in (Status.QUEUED, Status.RUNNING):
+        text = f"The call is still running: invocationId {body['invocationId']}."
+        return _result(text, body, is_error=False)
+    if record.ok:
+        text = json.dumps(body.get("result"), cls=DjangoJSONEncoder)
+        return _result(text, body, is_error=False)
+    text = f"{body.get('errorCode')}: {body.get('safeMessage', '')}"
+    return _result(text, body, is_error=True)
+
+
+def _result(text: str, body: dict[str, Any], *, is_error: bool) -> dict[str, Any]:
+    return {
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": body,
+        "isError": is_error,
+    }

@@ -1,0 +1,277 @@
+"""Long-lived MCP client sessions, pooled per server (and per tenant credential).
+
+One asyncio loop on a daemon thread per process owns every session: the SDK's
+transports are async context managers that must be entered and left in the same
+task, so each session lives in a task of its own until it is closed. Django code
+(the runner's worker threads, sync commands) submits coroutines to that loop and
+waits with a deadline; a hanging server costs the caller its timeout, never more.
+
+A session that fails (process exited, connection refused, protocol garbage, a
+call that timed out) is dropped; the next call starts a fresh one: stdio processes
+are restarted, HTTP sessions re-initialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+logger = logging.getLogger(__name__)
+
+
+class ServerUnavailable(Exception):
+    """The server could not be reached, started, or answered with something unusable."""
+
+
+class ServerTimeout(Exception):
+    """The server did not answer in time (the session is dropped)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one server for one set of credentials; the pool's key."""
+
+    server: str
+    argv: tuple[str, ...] = ()
+    url: str = ""
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def key(self) -> str:
+        raw = json.dumps([self.server, self.argv, self.url, self.headers])
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class _Session:
+    """One live session, owned by its own task on the pool's loop."""
+
+    def __init__(self, endpoint: Endpoint, on_list_changed: Callable[[str], None]) -> None:
+        self.endpoint = endpoint
+        self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.closing = asyncio.Event()
+        self._on_list_changed = on_list_changed
+        self.task = asyncio.get_running_loop().create_task(self._own())
+        # A failed start nobody waits for any more is not an unhandled error.
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _own(self) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport())
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self._incoming)
+                )
+                await session.initialize()
+                self.ready.set_result(session)
+                await self.closing.wait()
+        except BaseException as exc:  # any failure ends this session only
+            if not self.ready.done():
+                self.ready.set_exception(ServerUnavailable(_describe(exc)))
+            if isinstance(exc, asyncio.CancelledError):
+                return
+        finally:
+            self.closing.set()
+
+    def _transport(self) -> Any:
+        endpoint = self.endpoint
+        if endpoint.argv:
+            params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
+            return stdio_client(params, errlog=_DEVNULL)
+        client = create_mcp_http_client(headers=dict(endpoint.headers))
+        return _http(endpoint.url, client)
+
+    async def _incoming(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._on_list_changed(self.endpoint.server)
+
+    @property
+    def alive(self) -> bool:
+        return not self.closing.is_set()
+
+    async def close(self) -> None:
+        self.closing.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(self.task), 0.2)
+        if not self.task.done():
+            self.task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _http(url: str, client: Any) -> Any:
+    async with client, streamable_http_client(url, http_client=client) as streams:
+        yield streams
+
+
+# stderr of stdio servers: discarded (it may echo arguments or secrets).
+_DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
+def _describe(exc: BaseException) -> str:
+    """A short, value-free reason: the exception type, and its text for our own errors."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, FileNotFoundError):
+        return "the server's program was not found"
+    if isinstance(exc, OSError | ConnectionError):
+        return f"the server could not be reached ({type(exc).__name__})"
+    if isinstance(exc, ServerUnavailable):
+        return str(exc)
+    return f"the session failed ({type(exc).__name__})"
+
+
+class Pool:
+    """Sessions keyed by endpoint, on one loop thread started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: dict[str, _Session] = {}
+        self.list_changed: Callable[[str], None] = lambda server: None
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or not self._loop.is_running():
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(started.set)
+                    loop.run_forever()
+
+                threading.Thread(target=run, name="toolhub-mcp", daemon=True).start()
+                started.wait(5)
+                self._loop = loop
+            return self._loop
+
+    def submit(self, coroutine: Awaitable[Any]) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(_as_coroutine(coroutine), self._ensure_loop())
+
+    def run(self, make: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+        """Run a coroutine on the loop and wait at most `timeout` seconds."""
+        future = self.submit(make())
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise ServerTimeout from None
+
+    async def _session(self, endpoint: Endpoint) -> ClientSession:
+        live = self._sessions.get(endpoint.key)
+        if live is None or not live.alive:
+            live = _Session(endpoint, self._list_changed)
+            self._sessions[endpoint.key] = live
+        try:
+            return await asyncio.shield(live.ready)
+        except ServerUnavailable:
+            self._sessions.pop(endpoint.key, None)
+            raise
+
+    def _list_changed(self, server: str) -> None:
+        threading.Thread(target=self.list_changed, args=(server,), daemon=True).start()
+
+    async def _drop(self, endpoint: Endpoint) -> None:
+        live = self._sessions.pop(endpoint.key, None)
+        if live is not None:
+            await live.close()
+
+    async def _guarded(self, endpoint: Endpoint, action: Callable[[ClientSession], Any]) -> Any:
+        """`action` on a live session; any failure or cancellation drops the session."""
+        try:
+            session = await self._session(endpoint)
+            return await action(session)
+        except ServerUnavailable:
+            raise
+        except asyncio.CancelledError:
+            await self._drop(endpoint)  # a timed-out or cancelled call: start afresh
+            raise
+        except Exception as exc:
+            await self._drop(endpoint)
+            raise ServerUnavailable(_describe(exc)) from None
+
+    def list_tools(self, endpoint: Endpoint, timeout: float) -> list[types.Tool]:
+        async def listing(session: ClientSession) -> list[types.Tool]:
+            tools: list[types.Tool] = []
+            cursor: str | None = None
+            for _page in range(100):
+                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                result = await session.list_tools(params=params)
+                tools += result.tools
+                cursor = result.next_cursor
+                if not cursor:
+                    break
+            return tools
+
+        return self._run_guarded(endpoint, listing, timeout)  # type: ignore[no-any-return]
+
+    def call_tool(
+        self,
+        endpoint: Endpoint,
+        name: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> types.CallToolResult:
+        async def calling(session: ClientSession) -> types.CallToolResult:
+            return await session.call_tool(name, arguments)
+
+        return self._run_guarded(endpoint, calling, timeout, cancelled)  # type: ignore[no-any-return]
+
+    def _run_guarded(
+        self,
+        endpoint: Endpoint,
+        action: Callable[[ClientSession], Any],
+        timeout: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Any:
+        future = self.submit(self._bounded(endpoint, action, timeout))
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except FutureTimeout:
+                if cancelled():
+                    future.cancel()  # the task is cancelled: the session is dropped
+                    raise ServerTimeout from None
+
+    async def _bounded(
+        self, endpoint: Endpoint, action: Callable[[ClientSession], Any], timeout: float
+    ) -> Any:
+        try:
+            return await asyncio.wait_for(self._guarded(endpoint, action), timeout)
+        except TimeoutError:
+            raise ServerTimeout from None
+
+    def close_server(self, server: str) -> None:
+        """Drop every session of `server` (its settings changed, or it was removed)."""
+
+        async def closing() -> None:
+            for key, live in list(self._sessions.items()):
+                if live.endpoint.server == server:
+                    self._sessions.pop(key, None)
+                    await live.close()
+
+        with contextlib.suppress(Exception):
+            self.run(closing, timeout=5)
+
+
+async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+pool = Pool()

@@ -1,0 +1,170 @@
+"""Imported MCP tools as a tool source (TOOLHUB_TOOL_SOURCES): contracts built from rows.
+
+Each imported tool becomes a ToolContract like a built-in one and passes the same
+check (apps/tools/registry.py `check_contract`): its schema compiled to a pydantic
+model, a redaction allowlist, an effect chosen by an admin. The runner validates,
+holds, times out, redacts and records it exactly as it does a built-in tool; the
+contract's execute function forwards the validated arguments to the server's
+pooled session, under the runner's deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.connections.broker import _auth_headers
+from apps.mcp.models import (
+    CommandNotAllowed,
+    McpServer,
+    McpServerCredential,
+    McpTool,
+    Transport,
+    allowed_argv,
+)
+from apps.mcp.schemas import compile_params
+from apps.mcp.sessions import Endpoint, ServerTimeout, ServerUnavailable, pool
+from apps.tenants.models import Tenant
+from apps.tools.capabilities import Capabilities
+from apps.tools.contracts import (
+    Execute,
+    Redaction,
+    ToolContext,
+    ToolContract,
+    ToolError,
+    ToolOutput,
+    ToolParams,
+    ToolUnavailable,
+)
+from apps.tools.registry import RegisteredTool, check_contract
+
+RESULT_FIELDS = ("content", "structuredContent", "isError")
+MAX_DESCRIPTION = 200
+
+
+class McpResult(ToolOutput):
+    """A CallToolResult as toolhub returns it: content blocks and structured content.
+
+    All of it is kept by redaction (RESULT_FIELDS): what the model needs is the whole
+    answer; output limits (32 KB) apply as to every tool.
+    """
+
+    content: list[dict[str, Any]]
+    structuredContent: dict[str, Any] | None = None
+    isError: bool = False
+
+
+def short_description(description: str) -> str:
+    text = " ".join(description.split()) or "(no description)"
+    return text if len(text) <= MAX_DESCRIPTION else text[: MAX_DESCRIPTION - 1] + "…"
+
+
+def build_contract(row: McpTool) -> RegisteredTool:
+    """The checked contract for an imported tool; raises SchemaError/ToolRegistrationError."""
+    server = row.server
+    params = compile_params(row.input_schema, title=f"{row.tool_id}_args")
+    declared = list(params.model_json_schema().get("properties", {}))
+    kept = [name for name in (row.redaction_args or declared) if name in declared]
+    contract = ToolContract(
+        name=row.tool_id.removeprefix("mcp__"),
+        namespace="mcp",
+        description=short_description(row.description),
+        params=params,
+        result=McpResult,
+        execute=_executor(server.pk, row.remote_name),
+        effect=row.effect,  # type: ignore[arg-type]
+        consequence_level=row.consequence_level,  # type: ignore[arg-type]
+        requires_confirmation=row.requires_confirmation,
+        timeout_s=min(600.0, max(0.1, server.timeout_ms / 1000)),
+        redaction=Redaction(result=RESULT_FIELDS, args=tuple(kept)),
+        tags=("mcp", server.name),
+        version=row.accepted_hash[:16],
+    )
+    return check_contract(contract)
+
+
+class McpSource:
+    """Provides `mcp__<server>__<tool>` ids for usable imported tools of enabled servers."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[Any, ...], RegisteredTool]] = {}
+
+    def get(self, tool_id: str) -> RegisteredTool | None:
+        if not tool_id.startswith("mcp__"):
+            return None
+        row = McpTool.objects.select_related("server").filter(tool_id=tool_id).first()
+        if row is None or row.unusable_reason or not row.server.enabled:
+            return None
+        version = (
+            row.accepted_hash,
+            row.effect,
+            row.consequence_level,
+            row.requires_confirmation,
+            tuple(row.redaction_args or ()),
+            row.server.timeout_ms,
+            row.server.pk,
+        )
+        cached = self._cache.get(tool_id)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        try:
+            registered = build_contract(row)
+        except Exception:
+            return None  # sync recorded the reason; the runner answers unavailable
+        self._cache[tool_id] = (version, registered)
+        return registered
+
+
+def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
+    """How to reach `server` for `tenant`: the command re-checked against the allowlist,
+    an HTTP server's headers from the tenant's credential connection (via the broker's
+    header rules), never from arguments."""
+    if server.transport == Transport.STDIO:
+        try:
+            argv = allowed_argv(server.command)
+        except CommandNotAllowed as exc:
+            raise ToolUnavailable(f"The MCP server {server.name} may not run: {exc}.") from None
+        return Endpoint(server=server.name, argv=tuple(argv))
+    headers: dict[str, str] = {}
+    credential = (
+        McpServerCredential.objects.select_related("connection")
+        .filter(server=server, tenant=tenant)
+        .first()
+        if tenant is not None
+        else None
+    )
+    if credential is not None:
+        connection = credential.connection
+        headers = _auth_headers(connection.kind, connection.read_secret())
+    return Endpoint(server=server.name, url=server.url, headers=tuple(sorted(headers.items())))
+
+
+def _executor(server_pk: int, remote_name: str) -> Execute:
+    def execute_remote(params: ToolParams, ctx: ToolContext, caps: Capabilities) -> McpResult:
+        server = McpServer.objects.filter(pk=server_pk, enabled=True).first()
+        if server is None:
+            raise ToolUnavailable("The MCP server is disabled or was removed.")
+        tenant = Tenant.objects.filter(slug=ctx.tenant).first()
+        endpoint = endpoint_for(server, tenant)
+        try:
+            result = pool.call_tool(
+                endpoint,
+                remote_name,
+                params.model_dump(mode="json"),
+                timeout=max(0.05, ctx.time_left()),
+                cancelled=lambda: ctx.cancelled,
+            )
+        except ServerUnavailable as exc:
+            raise ToolUnavailable(f"The MCP server {server.name} is unavailable: {exc}.") from None
+        except ServerTimeout:
+            raise ToolError(f"The MCP server {server.name} did not answer in time.") from None
+        content = [
+            block.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for block in result.content
+        ]
+        if result.is_error:
+            texts = [block.get("text", "") for block in content if block.get("type") == "text"]
+            message = " ".join(text for text in texts if text) or "The tool reported an error."
+            raise ToolError(f"{server.name}/{remote_name}: {message}"[:1000])
+        return McpResult(content=content, structuredContent=result.structured_content)
+
+    return execute_remote
