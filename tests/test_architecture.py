@@ -357,3 +357,76 @@ def test_relative_imports_resolve_against_the_importing_module():
     assert resolve_relative("apps.tools.builtin.clock", 2, "contracts") == "apps.tools.contracts"
     assert resolve_relative("apps.tools.builtin.__init__", 1, "clock") == "apps.tools.builtin.clock"
     assert resolve_relative("apps.tools.builtin.clock", 0, "os") == "os"
+
+
+# ---------------------------------------------------------------- dependencies point one way
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth (function-level imports included)."""
+    module = module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            source = resolve_relative(module, node.level, node.module)
+            found.add(source)
+            found.update(f"{source}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def modules_reaching(start: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def app_import_graph() -> dict[str, set[str]]:
+    files = [path for path in source_files() if path.parts[len(ROOT.parts)] == "apps"]
+    names = {module_name(path).removesuffix(".__init__") for path in files}
+    return {
+        module_name(path).removesuffix(".__init__"): {m for m in imports_of(path) if m in names}
+        for path in files
+    }
+
+
+def test_the_runner_reaches_no_module_that_imports_it_back():
+    """STYLE: the runner knows neither the approvals' internals nor any tool source's:
+    approvals -> runner and sources -> tools, never back (a cycle here is a failure)."""
+    graph = app_import_graph()
+    reached = modules_reaching("apps.invocations.runner", graph)
+    assert "apps.invocations.runner" not in reached
+    assert not {m for m in reached if m.startswith(("apps.approvals.", "apps.mcp"))} - {
+        "apps.approvals.models"
+    }
+
+
+def test_the_cycle_checker_sees_function_level_imports():
+    graph = {"a": {"b"}, "b": {"a"}}
+    assert "a" in modules_reaching("a", graph)
+    source = "def f():\n    from apps.invocations import runner\n"
+    assert "apps.invocations.runner" in {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def test_the_mcp_execute_function_is_reached_only_through_the_runner():
+    """The imported tools' execute function is protected like a built-in's."""
+    from apps.mcp import source
+
+    targets = {("apps.mcp.source", "execute_remote")}
+    assert source._executor(1, "x").__name__ == "execute_remote"
+    problems = []
+    for path in source_files():
+        if path == ROOT / RUNNER:
+            continue
+        problems += runner_bypasses(path.read_text(), module_name(path), targets)
+    assert [problem for problem in problems if "execute_remote" in problem] == []
