@@ -46,6 +46,7 @@ class Command(BaseCommand):
         agents = agents_group(tenant)
         for tool in core_tools:
             assign_perm("tools.execute_tool", agents, tool)
+        self._time_server(policy, agents)
         key = self._demo_key(tenant, Path(options["key_file"]) if options["key_file"] else None)
         base = f"http://127.0.0.1:{options['port']}"
         self.stdout.write(
@@ -69,6 +70,34 @@ class Command(BaseCommand):
                 ]
             )
         )
+
+    def _time_server(self, policy: Policy, agents: Any) -> None:
+        """The reference MCP time server (stdio), imported and enabled for the demo, so an
+        imported, governed tool stands next to the built-ins. Its effect is set to read_only
+        here, as an admin would after reading it (imports start as external_side_effect)."""
+        from apps.mcp.discovery import SyncFailed, apply_to_catalog, sync_server
+        from apps.mcp.models import CommandNotAllowed, McpServer, McpTool, allowed_argv
+
+        try:
+            allowed_argv("mcp-server-time")
+        except CommandNotAllowed:
+            self.stdout.write("MCP time server skipped: mcp-server-time is not allowlisted")
+            return
+        server, _ = McpServer.objects.get_or_create(
+            name="time", defaults={"transport": "stdio", "command": "mcp-server-time"}
+        )
+        try:
+            sync_server(server, progress=self.stdout.write)
+        except SyncFailed as exc:
+            self.stdout.write(f"MCP time server skipped: {exc}")
+            return
+        for row in McpTool.objects.filter(server=server, unusable_reason="").select_related("tool"):
+            if row.effect != Effect.READ_ONLY and not row.has_pending_change:
+                row.effect = Effect.READ_ONLY
+                row.tool.enabled = True
+                apply_to_catalog(row)
+            policy.tools.add(row.tool)
+            assign_perm("tools.execute_tool", agents, row.tool)
 
     def _user(self, username: str, *, superuser: bool) -> User:
         user = User.objects.filter(username=username).first()
