@@ -11,7 +11,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from toolhub.limits import BodyLimitMiddleware, install_daphne_body_limit  # noqa: E402
-from toolhub.routing import websocket_urlpatterns  # noqa: E402
+from toolhub.routing import http_router, websocket_urlpatterns  # noqa: E402
 from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
     AllowedHostsBrowserOriginValidator,
     WebSocketAuthStack,
@@ -27,7 +27,8 @@ if settings.TOOLHUB_EMBEDDED_WORKER:
 
 application = ProtocolTypeRouter(
     {
-        "http": BodyLimitMiddleware(django_asgi_app),
+        # The body limit covers /mcp/ as every other path.
+        "http": BodyLimitMiddleware(http_router(django_asgi_app)),
         "websocket": AllowedHostsBrowserOriginValidator(
             WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),

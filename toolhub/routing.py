@@ -1,4 +1,4 @@
-"""WebSocket routes."""
+"""WebSocket routes, and the HTTP paths served outside Django's views (`/mcp/`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from django.urls import URLPattern, URLResolver, path, re_path
 from apps.approvals.consumers import ApprovalsConsumer
 from apps.invocations.consumers import RunConsumer
 from apps.invocations.streams import CLOSE_NOT_FOUND, NO_CHANNEL, refuse
+from apps.mcp.server.transport import endpoint as mcp_endpoint
+from toolhub.limits import ASGIApp, Receive, Scope, Send
 
 
 class NoSuchStream(AsyncWebsocketConsumer):
@@ -26,3 +28,16 @@ websocket_urlpatterns: list[URLPattern | URLResolver] = [
     path("ws/v1/approvals/", ApprovalsConsumer.as_asgi()),
     re_path(r"", NoSuchStream.as_asgi()),
 ]
+
+
+MCP_PATHS = ("/mcp/", "/mcp")
+
+
+def http_router(django_app: ASGIApp) -> ASGIApp:
+    """`/mcp/` to the MCP server (its streams need the raw ASGI connection), the rest to Django."""
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        app = mcp_endpoint if scope.get("path") in MCP_PATHS else django_app
+        await app(scope, receive, send)
+
+    return route

@@ -14,7 +14,7 @@ class BadCursor(Exception):
     """A `tools/list` cursor this server did not hand out."""
 
 
-def annotations(tool: Tool) -> dict[str, Any]:
+def hints(tool: Tool) -> dict[str, Any]:
     """MCP's hints, from what toolhub knows of a tool's effect.
 
     Only read-only tools are read-only. A state change stays inside the system the
@@ -37,7 +37,7 @@ def mcp_tool(tool: Tool, decision: Decision) -> dict[str, Any]:
         "title": tool.name,
         "description": tool.description,
         "inputSchema": tool.input_schema,
-        "annotations": annotations(tool),
+        "annotations": hints(tool),
         "_meta": {
             "toolhub/effect": tool.effect,
             "toolhub/consequenceLevel": tool.consequence_level,

@@ -113,11 +113,11 @@ class McpEndpoint:
             if not isinstance(params, dict):
                 return _error(request_id, methods.INVALID_PARAMS, "params must be an object.")
             try:
-                result, session = methods.initialize(key.pk, params)
+                result, started = methods.initialize(key.pk, params)
             except RpcError as exc:
                 return _error(request_id, exc.code, exc.message)
             reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
-            return Reply(200, reply, ((SESSION_HEADER, session.id.encode()),))
+            return Reply(200, reply, ((SESSION_HEADER, started.id.encode()),))
         session_id = _header(scope, SESSION_HEADER)
         if session_id is None:
             return _error(
