@@ -11,14 +11,23 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.tasks import task
 from django.utils import timezone
+
+from apps.approvals import wake  # noqa: F401  (wakes workers on every enqueue)
 
 logger = logging.getLogger(__name__)
 
 # An approved call still unclaimed after this long lost its queue entry (a worker
 # died holding it): the sweeper enqueues it again.
 ORPHAN_AFTER = timedelta(seconds=60)
+# A queue entry for anything but an approved call (a notification) still RUNNING
+# after this long belongs to a dead worker.
+ENTRY_STALE_AFTER = timedelta(minutes=10)
+# Final records checked for a missing tool_call_result: the recent ones (closing a
+# record and emitting its result are one transaction; this repairs older records).
+REPAIR_WINDOW = timedelta(days=1)
 
 
 @task()
@@ -88,7 +97,89 @@ def sweep() -> dict[str, int]:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
     settled = settle_interrupted() + settle_abandoned_records()
+    repair_missing_results()
+    end_dead_entries()
     return {"expired": expired, "requeued": len(orphaned), "settled": settled}
+
+
+def repair_missing_results() -> int:
+    """Emit tool_call_result for final records that have none, so every run's stream
+    and replay end each call (records closed before closing became one transaction,
+    or by anything that bypassed it)."""
+    from apps.invocations import runner
+    from apps.invocations.models import InvocationRecord, RunEvent, Status
+
+    now = timezone.now()
+    result_event = RunEvent.objects.filter(
+        tenant=OuterRef("tenant"),
+        run_id=OuterRef("run_id"),
+        tool_call_id=OuterRef("tool_call_id"),
+        type="tool_call_result",
+    )
+    missing = (
+        InvocationRecord.objects.filter(
+            status__in=(Status.SUCCEEDED, Status.FAILED, Status.CANCELLED),
+            ended_at__gte=now - REPAIR_WINDOW,
+        )
+        .exclude(Exists(result_event))
+        .select_related("tenant")[:500]
+    )
+    repaired = 0
+    for record in missing:
+        with transaction.atomic():
+            locked = InvocationRecord.objects.select_for_update().filter(pk=record.pk).first()
+            if (
+                locked is None
+                or RunEvent.objects.filter(
+                    tenant=record.tenant_id,
+                    run_id=record.run_id,
+                    tool_call_id=record.tool_call_id,
+                    type="tool_call_result",
+                ).exists()
+            ):
+                continue
+            logger.warning("emitting the missing tool_call_result of record %s", record.pk)
+            runner.emit_result(record)
+            repaired += 1
+    return repaired
+
+
+def end_dead_entries() -> int:
+    """Queue entries left RUNNING by a worker that died: an approved call's entry ends
+    with its call (settle_interrupted makes that final), any other after
+    ENTRY_STALE_AFTER. The work itself is never run again from here."""
+    from django.tasks import TaskResultStatus
+    from django_tasks_db.models import DBTaskResult
+
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+    now = timezone.now()
+    running = DBTaskResult.objects.filter(
+        status=TaskResultStatus.RUNNING, started_at__lte=now - ORPHAN_AFTER
+    )[:500]
+    ended = 0
+    for entry in running:
+        if entry.task_path == run_approved_call.module_path:
+            approval = ApprovalRequest.objects.filter(pk=entry.args_kwargs["args"][0]).first()
+            if approval is not None and approval.status in (
+                ApprovalStatus.APPROVED,
+                ApprovalStatus.EXECUTING,
+            ):
+                continue  # its worker may still be running it; settled with the call
+            succeeded = approval is not None and approval.status == ApprovalStatus.SUCCEEDED
+        elif entry.started_at is not None and now - entry.started_at > ENTRY_STALE_AFTER:
+            succeeded = False
+        else:
+            continue
+        ended += DBTaskResult.objects.filter(pk=entry.pk, status=TaskResultStatus.RUNNING).update(
+            status=TaskResultStatus.SUCCESSFUL if succeeded else TaskResultStatus.FAILED,
+            finished_at=now,
+            exception_class_path="" if succeeded else "apps.approvals.tasks.WorkerDied",
+            traceback="" if succeeded else "The worker running this entry stopped.",
+        )
+    if ended:
+        logger.warning("ended %d queue entries of workers that died", ended)
+    return ended
 
 
 def settle_interrupted() -> int:

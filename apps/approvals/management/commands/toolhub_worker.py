@@ -4,17 +4,23 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.approvals.worker import Sweeper, build_worker
+from apps.approvals.worker import POLL_EVERY_S, Sweeper, build_worker
 
 
 class Command(BaseCommand):
     help = (
         "Run approved tool calls and notifications from the durable queue, and expire "
-        "overdue approvals. Run as many as you like, on any machine sharing the database."
+        "overdue approvals. Run as many as you like, on any machine sharing the database. "
+        "It outlives database outages: errors are logged and retried with backoff."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=POLL_EVERY_S,
+            help="seconds between polls (the safety net: new work wakes the worker at once)",
+        )
         parser.add_argument("--worker-id", default=None)
         parser.add_argument("--batch", action="store_true", help="exit when the queue is empty")
 
