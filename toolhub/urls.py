@@ -9,6 +9,11 @@ from toolhub import health
 handler404 = "toolhub.api.json_not_found"
 handler500 = "toolhub.api.json_server_error"
 
+# The admin says whose it is (Django's default is "Django administration").
+admin.site.site_header = "toolhub admin"
+admin.site.site_title = "toolhub admin"
+admin.site.index_title = "Tenants, tools, policies and records"
+
 api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.tools.api.urls")),
     path("", include("apps.invocations.api.urls")),

@@ -1,13 +1,25 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib import admin, messages
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from django.db.models import JSONField, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest, Vote
+from apps.invocations import links
 from apps.tenants.admin import ScopedChoicesMixin, TenantScopedAdmin
+
+
+def _pretty(value: Any) -> str:
+    return format_html(
+        '<pre class="toolhub-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False)
+    )
 
 
 class VoteInline(ScopedChoicesMixin, admin.TabularInline[Vote, ApprovalRequest]):
@@ -34,8 +46,57 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         "decided_by",
     )
     list_filter = ("status", "tenant", "tool")
-    search_fields = ("principal", "run_id", "tool_call_id", "decision_reason")
-    readonly_fields = [f.name for f in ApprovalRequest._meta.fields]
+    search_fields = (
+        "=id",
+        "=invocation__id",
+        "=run_id",
+        "=tool_call_id",
+        "principal",
+        "decision_reason",
+    )
+    search_help_text = (
+        "An approval, invocation, run or tool call id (exact), or part of a principal or reason."
+    )
+    # Shown pretty-printed (the *_json fields below), never as editable text.
+    exclude = ("args", "original_args", "args_diff")
+    readonly_fields = [
+        *(f.name for f in ApprovalRequest._meta.fields if not isinstance(f, JSONField)),
+        "related",
+        "args_json",
+        "original_args_json",
+        "args_diff_json",
+    ]
+
+    @admin.display(description="Links")
+    def related(self, approval: ApprovalRequest) -> str:
+        items = [
+            links.Link("console", reverse("console:detail", args=[approval.pk])),
+            links.Link(
+                "invocation record",
+                reverse("admin:invocations_invocationrecord_change", args=[approval.invocation_id]),
+            ),
+            links.Link(
+                "run timeline", links.run_timeline_url(approval.run_id, approval.tenant.slug)
+            ),
+            *links.policy_links(approval.policy_rule),
+        ]
+        connection = links.connection_link(approval.connection_id)
+        if connection is not None:
+            items.append(connection)
+        return format_html_join(" · ", '<a href="{}">{}</a>', ((i.url, i.text) for i in items))
+
+    @admin.display(description="Arguments that run")
+    def args_json(self, approval: ApprovalRequest) -> str:
+        return _pretty(approval.args)
+
+    @admin.display(description="Arguments as requested")
+    def original_args_json(self, approval: ApprovalRequest) -> str:
+        return _pretty(approval.original_args)
+
+    @admin.display(description="Edits")
+    def args_diff_json(self, approval: ApprovalRequest) -> str:
+        return _pretty(approval.args_diff)
+
     inlines = [VoteInline]
     actions = ("approve_selected", "reject_selected")
 

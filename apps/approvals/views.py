@@ -28,8 +28,15 @@ def queue(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 def queue_rows(request: HttpRequest) -> HttpResponse:
-    """The queue's rows alone, for the page's live refresh."""
-    return render(request, "approvals/_rows.html", {"approvals": _pending(request)})
+    """The queue's rows alone, for the page's live refresh; the count rides in a header
+    so the page title can follow it."""
+    approvals = _pending(request)
+    response = render(request, "approvals/_rows.html", {"approvals": approvals})
+    response[PENDING_COUNT_HEADER] = str(len(approvals))
+    return response
+
+
+PENDING_COUNT_HEADER = "X-Pending-Count"
 
 
 @staff_member_required
@@ -39,7 +46,10 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     approval = ApprovalRequest.objects.decidable_by(request.user).filter(pk=approval_id).first()
     if approval is None:
         raise Http404("No such approval request that you may decide.")
-    form = DecisionForm(request.POST or None, initial={"args": json.dumps(approval.args, indent=2)})
+    form = DecisionForm(
+        request.POST or None,
+        initial={"args": json.dumps(approval.args, indent=2, ensure_ascii=False)},
+    )
     if request.method == "POST" and form.is_valid():
         action = form.cleaned_data["action"]
         try:
@@ -50,20 +60,60 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
                 form.cleaned_data.get("reason", ""),
                 form.cleaned_data.get("edited") if action == "edit" else None,
             )
+        except decisions.InvalidEdit as exc:
+            # Re-render, not redirect: the operator's edited text stays in the form.
+            form.add_error("args" if action == "edit" else None, str(exc))
+            return _render_detail(request, approval, form, status=400)
         except decisions.DecisionError as exc:
             messages.error(request, str(exc))
             return redirect("console:detail", approval_id=approval.pk)
         verb = {"approve": "Approved", "edit": "Approved with edits", "reject": "Rejected"}[action]
         messages.success(request, f"{verb}: {approval.tool_id} for {approval.principal}.")
         return redirect("console:queue")
+    return _render_detail(request, approval, form)
+
+
+def _render_detail(
+    request: HttpRequest, approval: ApprovalRequest, form: DecisionForm, status: int = 200
+) -> HttpResponse:
     context = {
         "approval": approval,
         "form": form,
-        "args_pretty": json.dumps(approval.args, indent=2, ensure_ascii=False),
         "decided": approval.status != ApprovalStatus.PENDING,
         "votes": approval.votes.select_related("user"),
+        "record": approval.invocation,
+        "outcome_final": approval.status in FINAL,
     }
-    return render(request, "approvals/detail.html", context)
+    return render(request, "approvals/detail.html", context, status=status)
+
+
+# Once an approval is in one of these, its call's outcome will not change any more.
+FINAL = {
+    ApprovalStatus.SUCCEEDED,
+    ApprovalStatus.FAILED,
+    ApprovalStatus.REJECTED,
+    ApprovalStatus.EXPIRED,
+    ApprovalStatus.CANCELLED,
+}
+
+
+@staff_member_required
+def outcome(request: HttpRequest, approval_id: str) -> HttpResponse:
+    """The call's outcome alone, which the detail page re-fetches until it is final."""
+    approval = (
+        ApprovalRequest.objects.decidable_by(request.user)
+        .select_related("invocation")
+        .filter(pk=approval_id)
+        .first()
+    )
+    if approval is None:
+        raise Http404("No such approval request that you may decide.")
+    context = {
+        "approval": approval,
+        "record": approval.invocation,
+        "outcome_final": approval.status in FINAL,
+    }
+    return render(request, "approvals/_outcome.html", context)
 
 
 @staff_member_required

@@ -1,15 +1,37 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
+from apps.invocations import links
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.admin import TenantScopedAdmin
 
 
+def _pretty(value: Any) -> str:
+    return format_html(
+        '<pre class="toolhub-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False)
+    )
+
+
+def _link_list(items: list[links.Link]) -> str:
+    if not items:
+        return "—"
+    return format_html_join(" · ", '<a href="{}">{}</a>', ((i.url, i.text) for i in items))
+
+
 @admin.register(InvocationRecord)
 class InvocationRecordAdmin(TenantScopedAdmin):
-    """Records are evidence: readable, never editable."""
+    """Records are evidence: readable, never editable.
+
+    Searchable by invocation id (exact), tool call id and run id; each record links to
+    its run's timeline and events, its approval, its policy and its connection.
+    """
 
     list_display = (
         "created_at",
@@ -19,10 +41,51 @@ class InvocationRecordAdmin(TenantScopedAdmin):
         "status",
         "error_code",
         "duration_ms",
+        "run_link",
     )
     list_filter = ("tenant", "status", "error_code", "tool_ref")
-    search_fields = ("tool_call_id", "run_id", "principal", "tool_ref", "safe_message")
+    search_fields = ("=id", "=tool_call_id", "=run_id", "principal", "tool_ref", "safe_message")
+    search_help_text = (
+        "An invocation id, tool call id or run id (exact), or part of a principal, tool or message."
+    )
     date_hierarchy = "created_at"
+    fieldsets = (
+        (None, {"fields": ("id", "tenant", "tool_ref", "principal", "status", "ok", "related")}),
+        ("Call", {"fields": ("tool_call_id", "run_id", "connection_id", "idempotency_key")}),
+        (
+            "Arguments and result",
+            {"fields": ("args_json", "result_json", "error_code", "safe_message")},
+        ),
+        ("Decision", {"fields": ("policy_rule",)}),
+        (
+            "Times",
+            {"fields": ("created_at", "started_at", "ended_at", "duration_ms", "retry_after_ms")},
+        ),
+    )
+    readonly_fields = ("related", "args_json", "result_json")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).select_related("tenant")
+
+    @admin.display(description="Run")
+    def run_link(self, record: InvocationRecord) -> str:
+        return format_html(
+            '<a href="{}">{}</a>',
+            links.run_timeline_url(record.run_id, record.tenant.slug),
+            record.run_id,
+        )
+
+    @admin.display(description="Links")
+    def related(self, record: InvocationRecord) -> str:
+        return _link_list(links.record_links(record))
+
+    @admin.display(description="Arguments (redacted)")
+    def args_json(self, record: InvocationRecord) -> str:
+        return _pretty(record.args)
+
+    @admin.display(description="Result (redacted)")
+    def result_json(self, record: InvocationRecord) -> str:
+        return _pretty(record.result)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -38,9 +101,61 @@ class InvocationRecordAdmin(TenantScopedAdmin):
 class RunEventAdmin(TenantScopedAdmin):
     """Events are evidence too: readable, never editable or deletable, even by superusers."""
 
-    list_display = ("at", "run_id", "seq", "type", "tool_id", "tenant")
+    list_display = (
+        "at",
+        "run_id",
+        "seq",
+        "type",
+        "tool_id",
+        "tool_call_id",
+        "tenant",
+        "timeline_link",
+    )
     list_filter = ("tenant", "type")
-    search_fields = ("run_id", "tool_call_id")
+    search_fields = ("=run_id", "=tool_call_id")
+    search_help_text = "A run id or tool call id (exact)."
+    fields = (
+        "tenant",
+        "run_id",
+        "seq",
+        "type",
+        "tool_call_id",
+        "tool_id",
+        "at",
+        "related",
+        "message_json",
+    )
+    readonly_fields = ("related", "message_json")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).select_related("tenant")
+
+    @admin.display(description="Timeline")
+    def timeline_link(self, event: RunEvent) -> str:
+        return format_html(
+            '<a href="{}">timeline</a>', links.run_timeline_url(event.run_id, event.tenant.slug)
+        )
+
+    @admin.display(description="Links")
+    def related(self, event: RunEvent) -> str:
+        items = [
+            links.Link("run timeline", links.run_timeline_url(event.run_id, event.tenant.slug))
+        ]
+        record = InvocationRecord.objects.filter(
+            tenant_id=event.tenant_id, run_id=event.run_id, tool_call_id=event.tool_call_id
+        ).first()
+        if record is not None:
+            url = reverse("admin:invocations_invocationrecord_change", args=[record.pk])
+            items.append(links.Link("invocation record", url))
+        approval_id = event.message.get("approvalId") if isinstance(event.message, dict) else None
+        if approval_id:
+            url = reverse("admin:approvals_approvalrequest_change", args=[approval_id])
+            items.append(links.Link("approval", url))
+        return _link_list(items)
+
+    @admin.display(description="Message (as streamed)")
+    def message_json(self, event: RunEvent) -> str:
+        return _pretty(event.message)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

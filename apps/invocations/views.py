@@ -1,16 +1,21 @@
-"""The demo chat page: a run's events rendered live, the thing a frontend would copy."""
+"""The demo chat page (a run's events rendered live, the thing a frontend would copy) and
+the staff's run timeline."""
 
 from __future__ import annotations
 
 import uuid
 
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Q
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+from apps.invocations.models import InvocationRecord, Run, RunEvent
+from apps.invocations.streams import is_run_id
 from apps.tenants.callers import Caller, NoTenant
 from apps.tenants.models import Tenant
+from apps.tenants.scoping import staff_tenants
 from apps.tools.permissions import executable_tools
 
 
@@ -40,3 +45,45 @@ def demo_chat(request: HttpRequest) -> HttpResponse:
         "streams/demo_chat.html",
         {"run_id": run_id, "tools": list(tools), "tenant": caller.tenant},
     )
+
+
+@staff_member_required
+def run_timeline(request: HttpRequest, run_id: str) -> HttpResponse:
+    """One run's events in order, with its records, then live from the run stream.
+
+    A run id is unique per tenant: staff of several tenants name one (`?tenant=`) when
+    the id exists in more than one of theirs, as the stream itself requires.
+    """
+    if not is_run_id(run_id):
+        raise Http404("Not a run id.")
+    tenants = staff_tenants(request.user)
+    chosen = request.GET.get("tenant")
+    if chosen:
+        tenants = tenants.filter(slug=chosen)
+    holding = list(
+        tenants.filter(
+            Q(pk__in=Run.objects.filter(run_id=run_id).values("tenant"))
+            | Q(pk__in=InvocationRecord.objects.filter(run_id=run_id).values("tenant"))
+        )[:20]
+    )
+    if not holding:
+        raise Http404("No such run in your tenants.")
+    if len(holding) > 1:
+        return render(
+            request, "invocations/run_tenants.html", {"run_id": run_id, "tenants": holding}
+        )
+    tenant = holding[0]
+    events = list(RunEvent.objects.filter(tenant=tenant, run_id=run_id).order_by("seq"))
+    records = (
+        InvocationRecord.objects.filter(tenant=tenant, run_id=run_id)
+        .select_related("approval")
+        .order_by("created_at")
+    )
+    context = {
+        "run_id": run_id,
+        "tenant": tenant,
+        "events": events,
+        "records": records,
+        "last_seq": events[-1].seq if events else 0,
+    }
+    return render(request, "invocations/run_timeline.html", context)

@@ -15,8 +15,28 @@
   setInterval(tickCountdowns, 1000);
   tickCountdowns();
 
+  // A decided call's outcome: re-fetched until it is final (the call runs in a worker).
+  function followOutcome() {
+    var section = document.getElementById("outcome");
+    if (!section || section.dataset.final === "true") return;
+    setTimeout(function () {
+      fetch(section.dataset.outcomeUrl, { credentials: "same-origin" })
+        .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
+        .then(function (html) { section.outerHTML = html; })
+        .finally(followOutcome);
+    }, 1500);
+  }
+  followOutcome();
+
   var rows = document.getElementById("queue-rows");
   if (!rows) return;
+  var counter = document.getElementById("pending-count");
+
+  function showCount(count) {
+    // The count leads the title, so a background tab says how many calls wait.
+    document.title = (count > 0 ? "(" + count + ") " : "") + rows.dataset.title;
+    if (counter) counter.textContent = count + " pending";
+  }
   var state = document.getElementById("live-state");
   var refreshing = false, stale = false;
 
@@ -27,8 +47,16 @@
     refreshing = true;
     stale = false;
     fetch(rows.dataset.rowsUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
-      .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
-      .then(function (html) { rows.innerHTML = html; tickCountdowns(); })
+      .then(function (response) {
+        if (!response.ok) return Promise.reject(response.status);
+        var count = parseInt(response.headers.get("X-Pending-Count"), 10);
+        return response.text().then(function (html) { return { html: html, count: count }; });
+      })
+      .then(function (fresh) {
+        rows.innerHTML = fresh.html;
+        if (!isNaN(fresh.count)) showCount(fresh.count);
+        tickCountdowns();
+      })
       .catch(function () { if (state) state.classList.add("offline"); })
       .finally(function () { refreshing = false; if (stale) refresh(); });
   }

@@ -1,0 +1,16 @@
+"""The approval tests' personas and tools (a caller in `acme`, `globex`, an operator)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.approvals.conftest import caller, operator, other, tools  # noqa: F401
+
+
+@pytest.fixture
+def console(operator: User) -> Client:  # noqa: F811
+    client = Client()
+    client.force_login(operator)
+    return client
