@@ -64,7 +64,7 @@ class Decision:
 DEFAULT_DENY = "default:deny"
 # How a reason names what a matching rule did; the rule's name lets a model or a person
 # see which condition to satisfy.
-VERDICT_WORDS = {
+VERDICT_WORDS: dict[str, str] = {
     Outcome.ALLOW: "allows this call",
     Outcome.DENY: "denies this call",
     Outcome.REQUIRE_APPROVAL: "holds this call for a human",

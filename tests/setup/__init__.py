@@ -1,0 +1,1 @@
+"""Tests of issue 12's setup items: the setup page, the dry run, self-explaining forms."""

@@ -20,9 +20,7 @@ PARIS = {"timezone": "Europe/Paris"}
 
 
 def simulate(agent: Agent, tool_id: str, **body: Any) -> dict[str, Any]:
-    response = agent.client.post(
-        "/api/v1/simulations/", {"toolId": tool_id, **body}, format="json"
-    )
+    response = agent.client.post("/api/v1/simulations/", {"toolId": tool_id, **body}, format="json")
     assert response.status_code == 200, response.content
     return response.json()
 
