@@ -85,6 +85,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes requires: it answers a locked-out login (see AXES_* below).
     "axes.middleware.AxesMiddleware",
+    # A database outage is a 503 with Retry-After and one log line, not a 500 per request.
+    "toolhub.outage.DatabaseOutageMiddleware",
 ]
 
 ROOT_URLCONF = "toolhub.urls"

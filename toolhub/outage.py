@@ -1,0 +1,69 @@
+"""During a database outage, every request answers 503 with Retry-After and a JSON body.
+
+Without this, each request during a PostgreSQL restart was a 500 "Internal server
+error" with a traceback in the log. Clients get what they can act on (retry in a
+few seconds) and the log gets one line per outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5
+# Errors closer together than this belong to the same outage (logged once).
+SAME_OUTAGE_S = 30.0
+
+
+class Outages:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_error: float | None = None
+
+    def seen(self, error: BaseException) -> bool:
+        """Note a database error; True when it starts a new outage (then it is logged)."""
+        now = time.monotonic()
+        with self._lock:
+            new = self._last_error is None or now - self._last_error > SAME_OUTAGE_S
+            self._last_error = now
+        if new:
+            first = (str(error).strip().splitlines() or [""])[0]
+            logger.error(
+                "database unavailable (%s: %s); answering 503 until it is back",
+                type(error).__name__,
+                first,
+            )
+        return new
+
+
+outages = Outages()
+
+
+def unavailable() -> HttpResponse:
+    response = JsonResponse(
+        {
+            "detail": "The service is briefly unavailable (its database is not answering); "
+            f"retry in {RETRY_AFTER_S} seconds.",
+            "retryAfterSeconds": RETRY_AFTER_S,
+        },
+        status=503,
+    )
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    # Logged once per outage above, not once per request by django.request.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+class DatabaseOutageMiddleware(MiddlewareMixin):
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        outages.seen(exception)
+        return unavailable()
