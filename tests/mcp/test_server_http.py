@@ -1,0 +1,160 @@
+"""`/mcp/` at the HTTP level: who gets in, and how protocol mistakes are answered."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+
+from apps.tenants.models import ApiKey
+from tests.support.server import Server, daphne
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+ACCEPT = "application/json, text/event-stream"
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, django_db_blocker: Any) -> Iterator[Server]:
+    with django_db_blocker.unblock(), daphne({"TOOLHUB_MAX_REQUEST_BYTES": "4096"}) as base:
+        yield base
+
+
+def post(server: Server, body: Any, key: str | None, **headers: str) -> httpx2.Response:
+    sent = {"Accept": ACCEPT, "Content-Type": "application/json", **headers}
+    if key is not None:
+        sent["Authorization"] = f"Bearer {key}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx2.post(f"{server}/mcp/", content=content, headers=sent, timeout=30)
+
+
+def start(server: Server, key: str) -> str:
+    response = post(server, INIT, key)
+    assert response.status_code == 200, response.text
+    assert response.json()["result"]["protocolVersion"] == "2025-06-18"
+    return response.headers["mcp-session-id"]
+
+
+def rpc(server: Server, key: str, session: str, method: str, params: Any = None) -> Any:
+    body: dict[str, Any] = {"jsonrpc": "2.0", "id": 7, "method": method}
+    if params is not None:
+        body["params"] = params
+    return post(server, body, key, **{"Mcp-Session-Id": session})
+
+
+def test_it_refuses_a_request_without_a_key_with_401(server):
+    response = post(server, INIT, None)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_it_refuses_a_wrong_or_revoked_key_with_401(server, agent):
+    assert post(server, INIT, "th_nope_nothing").status_code == 401
+    assert post(server, INIT, None, Authorization=f"Basic {agent.key}").status_code == 401
+    ApiKey.objects.filter(tenant=agent.tenant).get().revoke()
+    assert post(server, INIT, agent.key).status_code == 401
+
+
+def test_a_session_belongs_to_the_key_that_started_it(server, agent, stranger):
+    session = start(server, agent.key)
+    assert rpc(server, agent.key, session, "ping").json()["result"] == {}
+    assert rpc(server, stranger.key, session, "ping").status_code == 404
+    assert rpc(server, agent.key, session + "x", "ping").status_code == 404
+    missing = post(server, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, agent.key)
+    assert missing.status_code == 400
+
+
+def test_protocol_mistakes_are_json_rpc_errors(server, agent):
+    session = start(server, agent.key)
+    headers = {"Mcp-Session-Id": session}
+    parse = post(server, b"{not json", agent.key, **headers)
+    assert parse.status_code == 400 and parse.json()["error"]["code"] == -32700
+    batch = post(server, [{"jsonrpc": "2.0", "id": 1, "method": "ping"}], agent.key, **headers)
+    assert batch.status_code == 400 and batch.json()["error"]["code"] == -32600
+    unknown = rpc(server, agent.key, session, "resources/list")
+    assert unknown.status_code == 200 and unknown.json()["error"]["code"] == -32601
+    cursor = rpc(server, agent.key, session, "tools/list", {"cursor": "bm9wZQ=="})
+    assert cursor.json()["error"]["code"] == -32602
+    args = rpc(server, agent.key, session, "tools/call", {"name": "x", "arguments": [1]})
+    assert args.json()["error"]["code"] == -32602
+    run_id = rpc(
+        server,
+        agent.key,
+        session,
+        "tools/call",
+        {"name": "core__get_current_time", "_meta": {"runId": "no spaces allowed"}},
+    )
+    assert (
+        run_id.json()["error"]["code"] == -32602 and "run_id" in run_id.json()["error"]["message"]
+    )
+
+
+def test_a_notification_is_accepted_with_202(server, agent):
+    session = start(server, agent.key)
+    notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    response = post(server, notice, agent.key, **{"Mcp-Session-Id": session})
+    assert response.status_code == 202 and response.content == b""
+
+
+def test_it_refuses_an_unsupported_protocol_version_header(server, agent):
+    session = start(server, agent.key)
+    response = post(
+        server,
+        {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+        agent.key,
+        **{"Mcp-Session-Id": session, "MCP-Protocol-Version": "1999-01-01"},
+    )
+    assert response.status_code == 400
+
+
+def test_delete_is_405_because_sessions_end_with_their_key(server, agent):
+    session = start(server, agent.key)
+    response = httpx2.delete(
+        f"{server}/mcp/",
+        headers={"Authorization": f"Bearer {agent.key}", "Mcp-Session-Id": session},
+    )
+    assert response.status_code == 405
+
+
+def test_a_page_of_another_site_is_refused(server, agent):
+    response = post(server, INIT, agent.key, Origin="http://evil.example")
+    assert response.status_code == 403
+    same_site = post(server, INIT, agent.key, Origin=server)
+    assert same_site.status_code == 200
+
+
+def test_the_body_limit_applies_to_mcp(server, agent):
+    huge = json.dumps({**INIT, "pad": "x" * 10_000}).encode()
+    assert post(server, huge, agent.key).status_code == 413
+
+
+def test_the_event_stream_needs_a_session_and_ends_when_the_key_is_revoked(server, agent):
+    headers = {"Authorization": f"Bearer {agent.key}", "Accept": "text/event-stream"}
+    assert httpx2.get(f"{server}/mcp/", headers=headers, timeout=10).status_code == 400
+    session = start(server, agent.key)
+    headers["Mcp-Session-Id"] = session
+    with httpx2.stream("GET", f"{server}/mcp/", headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        assert next(lines).startswith(": toolhub")
+        started = time.monotonic()
+        ApiKey.objects.filter(tenant=agent.tenant).get().revoke()
+        for _ in lines:  # ends when the server closes the stream; keepalives every 15 s
+            if time.monotonic() - started > 12:
+                break
+        assert time.monotonic() - started < 10
