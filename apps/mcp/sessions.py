@@ -218,7 +218,7 @@ class Pool:
                     break
             return tools
 
-        return self._run_guarded(endpoint, listing, timeout)  # type: ignore[no-any-return]
+        return self._run_guarded(endpoint, listing, timeout)
 
     def call_tool(
         self,
@@ -231,7 +231,7 @@ class Pool:
         async def calling(session: ClientSession) -> types.CallToolResult:
             return await session.call_tool(name, arguments)
 
-        return self._run_guarded(endpoint, calling, timeout, cancelled)  # type: ignore[no-any-return]
+        return self._run_guarded(endpoint, calling, timeout, cancelled)
 
     def _run_guarded(
         self,

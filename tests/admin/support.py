@@ -17,6 +17,7 @@ from guardian.shortcuts import assign_perm
 from apps.approvals.models import ApprovalRequest
 from apps.connections.models import Connection, Grant
 from apps.invocations.models import InvocationRecord, RunEvent
+from apps.mcp.models import McpServer, McpServerCredential, McpTool
 from apps.planning.models import Plan, PlanStep
 from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.tenants.models import ApiKey, Tenant
@@ -97,6 +98,17 @@ def populate(slug: str) -> User:
     )
     plan = Plan.objects.create(tenant=tenant, run_id=f"{slug}-run", objective=f"{slug} plan")
     PlanStep.objects.create(plan=plan, step_id=1, title=f"{slug} step")
+    # MCP servers belong to no tenant (superusers only); one per slug so the walker has rows.
+    # The imported tool is in the global catalog, so its strings name no tenant.
+    server = McpServer.objects.create(
+        name=f"{slug}srv", transport="http", url=f"http://{slug}.example/mcp"
+    )
+    McpServerCredential.objects.create(server=server, tenant=tenant, connection=connection)
+    number = McpServer.objects.count()
+    imported = Tool.objects.get(pk=f"mcp__srv{number}__tool")  # made before the diff
+    McpTool.objects.create(
+        server=server, remote_name=f"{slug}-tool", tool=imported, accepted_hash="0"
+    )
     # The tool the walker opens (the first) and the one the rows use.
     for each in {tool, Tool.objects.order_by("pk").first()}:
         assign_perm("tools.execute_tool", group, each)
@@ -120,6 +132,12 @@ def task_result(marker: str) -> DBTaskResult:
 def build_world() -> World:
     """Tenant globex first (foreign), then acme (own), diffing every registered model."""
     superuser = User.objects.create_superuser("root", password=None)
+    for number in (1, 2):  # the catalog is global: imported tools are no tenant's rows
+        Tool.objects.create(
+            id=f"mcp__srv{number}__tool", name=f"srv{number}__tool", description="imported",
+            input_schema={}, schema_hash="", effect="external_side_effect",
+            consequence_level="medium", source="mcp",
+        )  # fmt: skip
     before = snapshot()
     populate("globex")
     task_result("globex")

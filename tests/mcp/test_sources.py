@@ -12,7 +12,7 @@ from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp.discovery import accept_change
 from apps.mcp.models import McpServer, McpTool
 from apps.tools.models import Tool
-from tests.conftest import allow, make_agent
+from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,7 +112,7 @@ def well() -> McpServer:
     return add("bad", f"python {SERVERS}/misbehaving.py well", timeout_ms=5000)
 
 
-def allowed_agent(*names: str):  # type: ignore[no-untyped-def]
+def allowed_agent(*names: str) -> Agent:
     ids = [f"mcp__bad__{name}" for name in names]
     enable(*ids)
     agent = make_agent("acme")
