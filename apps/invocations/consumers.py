@@ -43,6 +43,7 @@ from apps.invocations.streams import (
     is_run_id,
     refuse,
 )
+from toolhub.metrics import CountedStream
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class SendBudget:
         return max(0.0, -self.tokens / self.rate)
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
+    stream_kind = "runs"  # toolhub_open_streams
     # Live events arrive through the process's Feed for the run, not through a
     # channel of the consumer's own: no per-stream channel is created.
     channel_layer_alias = NO_CHANNEL
@@ -105,7 +107,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if access is None:
             await refuse(self, CLOSE_FORBIDDEN)
             return
-        self.slot = connection_slots.acquire(access.principal_key)
+        self.slot = await connection_slots.acquire(access.principal_key)
         if self.slot is None:
             await refuse(self, settings.TOOLHUB_WS_CLOSE_TOO_MANY)
             return
@@ -139,8 +141,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             key_id, self.api_key_id = self.api_key_id, None
             await key_watch().unwatch(key_id, self)
         if self.slot is not None:
-            self.slot.release()
-            self.slot = None
+            slot, self.slot = self.slot, None
+            await slot.release()
         if self.group is not None:
             group, self.group = self.group, None
             await feeds_for(get_channel_layer()).unsubscribe(group, self)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
+import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+import redis.asyncio
 from django.conf import settings
 from pydantic import TypeAdapter, ValidationError
 
 from apps.invocations.requests import Identifier
 from apps.tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_FORBIDDEN = 4403
@@ -100,23 +107,29 @@ class _Slot:
     def __init__(self, slots: ConnectionSlots, key: str) -> None:
         self._slots, self._key = slots, key
 
-    def release(self) -> None:
+    async def release(self) -> None:
         self._slots.release(self._key)
 
 
 class ConnectionSlots:
-    """Caps concurrent streams per principal in this process (a flood is refused)."""
+    """Caps concurrent streams per principal in this process: the embedded mode's cap
+    (one process), and the fallback of the shared cap while Redis does not answer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[str, int] = {}
 
-    def acquire(self, key: str) -> _Slot | None:
+    def take(self, key: str) -> _Slot | None:
         with self._lock:
             if self._open.get(key, 0) >= settings.TOOLHUB_WS_MAX_PER_PRINCIPAL:
                 return None
             self._open[key] = self._open.get(key, 0) + 1
             return _Slot(self, key)
+
+    async def acquire(self, key: str) -> _Slot | SharedSlot | None:
+        if settings.REDIS_URL:
+            return await shared_slots.acquire(key)
+        return self.take(key)
 
     def release(self, key: str) -> None:
         with self._lock:
@@ -126,3 +139,102 @@ class ConnectionSlots:
 
 
 connection_slots = ConnectionSlots()
+
+
+# Shared slots live in Redis for SLOT_TTL_S and are renewed every SLOT_RENEW_S by the
+# process holding them, so the streams of a process that died stop counting within
+# SLOT_TTL_S: clients failing over to another process are not refused for long.
+SLOT_TTL_S = 10
+SLOT_RENEW_S = 3.0
+_ACQUIRE = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], t + tonumber(ARGV[3]), ARGV[1])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]) + 1)
+return 1
+"""
+_RENEW = """
+local now = redis.call('TIME')
+local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', t + tonumber(ARGV[1]), ARGV[i + 1])
+  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[1]) + 1)
+end
+return #KEYS
+"""
+
+
+class SharedSlot:
+    def __init__(self, slots: SharedSlots, key: str, member: str) -> None:
+        self._slots, self.key, self.member = slots, key, member
+
+    async def release(self) -> None:
+        await self._slots.release(self)
+
+
+class SharedSlots:
+    """The per-principal stream cap shared by every process through Redis (scale-out)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, SharedSlot] = {}
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._renewing: asyncio.Task[None] | None = None
+
+    def _client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = redis.asyncio.Redis.from_url(
+                settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
+            )
+        return client
+
+    async def acquire(self, principal_key: str) -> SharedSlot | _Slot | None:
+        key = f"toolhub:streams:{principal_key}"
+        member = uuid.uuid4().hex
+        try:
+            taken = await self._client().eval(
+                _ACQUIRE, 1, key, member, settings.TOOLHUB_WS_MAX_PER_PRINCIPAL, SLOT_TTL_S
+            )
+        except Exception as error:
+            logger.warning("stream cap: Redis did not answer (%s); capping per process", error)
+            return connection_slots.take(principal_key)
+        if not taken:
+            return None
+        slot = self.held[member] = SharedSlot(self, key, member)
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.ensure_future(self._renew())
+        return slot
+
+    async def release(self, slot: SharedSlot) -> None:
+        self.held.pop(slot.member, None)
+        try:
+            await self._client().zrem(slot.key, slot.member)
+        except Exception:
+            logger.warning("stream cap: could not release a slot; it expires in %s s", SLOT_TTL_S)
+
+    async def _renew(self) -> None:
+        while self.held:
+            await asyncio.sleep(SLOT_RENEW_S)
+            slots = list(self.held.values())
+            if not slots:
+                return
+            try:
+                await self._client().eval(
+                    _RENEW,
+                    len(slots),
+                    *(slot.key for slot in slots),
+                    SLOT_TTL_S,
+                    *(slot.member for slot in slots),
+                )
+            except Exception as error:
+                logger.warning("stream cap: could not renew slots (%s); retrying", error)
+
+
+shared_slots = SharedSlots()
