@@ -44,7 +44,13 @@ class McpParams(ToolParams):
 def compile_params(schema: Any, title: str) -> type[McpParams]:
     if not isinstance(schema, dict):
         raise SchemaError("the input schema is not a JSON object")
-    inlined = inline_refs(schema, schema.get("$defs", {}) if isinstance(schema, dict) else {})
+    defs = schema.get("$defs", {})
+    try:
+        inlined = inline_refs(schema, defs if isinstance(defs, dict) else {})
+    except KeyError as exc:
+        raise SchemaError(f"$ref names a definition {exc} that the schema does not have") from None
+    except (TypeError, AttributeError):
+        raise SchemaError("the schema's definitions are malformed") from None
     if inlined.get("type") != "object":
         raise SchemaError("an input schema must be a JSON object schema")
     model = _object_model(inlined, title, "$", 0)

@@ -257,12 +257,16 @@ class Pool:
         except TimeoutError:
             raise ServerTimeout from None
 
-    def close_server(self, server: str) -> None:
+    def close_all(self) -> None:
+        """Drop every session (tests; a process about to exit)."""
+        self.close_server(None)
+
+    def close_server(self, server: str | None) -> None:
         """Drop every session of `server` (its settings changed, or it was removed)."""
 
         async def closing() -> None:
             for key, live in list(self._sessions.items()):
-                if live.endpoint.server == server:
+                if server is None or live.endpoint.server == server:
                     self._sessions.pop(key, None)
                     await live.close()
 

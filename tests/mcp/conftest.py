@@ -21,8 +21,7 @@ def stdio_allowlist(settings: object) -> None:
 @pytest.fixture(autouse=True)
 def fresh_sessions() -> Iterator[None]:
     yield
-    for name in list(McpServer.objects.values_list("name", flat=True)):
-        pool.close_server(name)
+    pool.close_all()  # no session outlives its test's server rows
 
 
 def add(name: str, command: str, timeout_ms: int = 5000) -> McpServer:
