@@ -1,19 +1,53 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
-from apps.connections.models import SECRET_FIELDS, Connection, Grant
+from apps.connections.models import SECRET_FIELDS, Connection, Grant, validate_host_pattern
 from apps.tenants.admin import TenantScopedAdmin, TenantScopedGuardedAdmin
 
 SECRET_INPUTS = sorted({name for names in SECRET_FIELDS.values() for name in names})
 
 
+class HostListField(forms.Field):
+    """Allowed hosts as a list, one per line, each checked as a host name."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 40})
+
+    def prepare_value(self, value: Any) -> Any:
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value: Any) -> list[str]:
+        text = value.strip() if isinstance(value, str) else ""
+        if text.startswith("["):  # a JSON list, as the field took before
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                raise forms.ValidationError("Not a JSON list: write one host per line.") from None
+            return parsed if isinstance(parsed, list) else [parsed]
+        return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
+
+    def validate(self, value: Any) -> None:
+        if not value:
+            raise forms.ValidationError("Name at least one host the credential may be sent to.")
+        validate_host_pattern(value)
+
+
 class ConnectionForm(forms.ModelForm[Connection]):
-    """Secrets are write-only: the form never shows a stored value back."""
+    """Secrets are write-only: the form never shows a stored value back.
+
+    Only the chosen kind's credential fields count (connection_form.js shows only them);
+    a change of kind needs the new kind's credentials.
+    """
+
+    allowed_hosts = HostListField(
+        help_text="One host per line, e.g. api.example.com or *.example.org "
+        "(no scheme, path or port). The credential is sent to these hosts only."
+    )
 
     header_name = forms.CharField(
         required=False, help_text="API key: the header to send, e.g. X-Api-Key"
@@ -35,17 +69,22 @@ class ConnectionForm(forms.ModelForm[Connection]):
         model = Connection
         fields = ["tenant", "name", "kind", "allowed_hosts", "allow_private_network"]
 
+    class Media:
+        js = ("toolhub/connection_form.js",)
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        given = {name: data.get(name) or "" for name in SECRET_INPUTS}
-        if any(given.values()) or not self.instance.has_secret:
-            kind = data.get("kind")
-            if kind:
-                self.instance.kind = kind
-                try:
-                    self.instance.set_secret(**given)
-                except forms.ValidationError as exc:
-                    raise forms.ValidationError(exc.messages) from None
+        kind = data.get("kind")
+        if not kind:
+            return data
+        given = {name: data.get(name) or "" for name in SECRET_FIELDS[kind]}
+        kind_changed = self.instance.has_secret and kind != self.instance.kind
+        if any(given.values()) or not self.instance.has_secret or kind_changed:
+            self.instance.kind = kind
+            try:
+                self.instance.set_secret(**given)
+            except forms.ValidationError as exc:
+                raise forms.ValidationError(exc.messages) from None
         return data
 
 
@@ -62,15 +101,17 @@ class ConnectionAdmin(TenantScopedGuardedAdmin):
         return "stored (encrypted; never shown)" if obj.has_secret else "none"
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # No id on the add page: the row gets its id when saved, and a readonly field
+        # there would show one the save does not use.
+        saved = ["id", "secret_status"] if obj is not None else []
         return [
+            *saved,
             "tenant",
             "name",
             "kind",
             "allowed_hosts",
             "allow_private_network",
             *SECRET_INPUTS,
-            "id",
-            "secret_status",
         ]
 
 

@@ -40,6 +40,7 @@ from guardian.admin import (
 from guardian.shortcuts import get_groups_with_perms, get_users_with_perms
 
 from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.principals import people
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
 
 
@@ -310,6 +311,13 @@ class TenantAdmin(TenantScopedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return is_superuser(request.user) and super().has_delete_permission(request, obj)
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "members":
+            # People only: guardian's AnonymousUser and agents' service users are no members.
+            scoped = self.get_field_queryset(None, db_field, request)
+            kwargs["queryset"] = people() if scoped is None else people() & scoped
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
 
 
 @admin.register(ApiKey)

@@ -9,6 +9,8 @@ single service user, with the same guardian admin they use for people.
 from __future__ import annotations
 
 from django.contrib.auth.models import Group, User
+from django.db.models import QuerySet
+from guardian.conf import settings as guardian_settings
 
 from apps.tenants.models import Tenant
 
@@ -29,3 +31,13 @@ def service_user(tenant: Tenant, principal: str) -> User:
         user.save(update_fields=["password"])
         user.groups.add(agents_group(tenant))
     return user
+
+
+def people() -> QuerySet[User]:
+    """Users who are people: not guardian's anonymous user, not an agent's service user
+    (service users are in a tenant's "agents" group). Member pickers offer these."""
+    return (
+        User.objects.exclude(username=guardian_settings.ANONYMOUS_USER_NAME)
+        .exclude(groups__name__endswith=": agents")
+        .order_by("username")
+    )

@@ -2,14 +2,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.options import ActionLocation
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.policies.models import Policy
 from apps.tenants.admin import TenantScopedGuardedAdmin
-from apps.tenants.scoping import is_superuser
-from apps.tools.models import Tool
+from apps.tenants.scoping import is_superuser, staff_tenants
+from apps.tools.models import Source, Tool
 
 
 @admin.register(Tool)
@@ -21,16 +24,20 @@ class ToolAdmin(TenantScopedGuardedAdmin):
     decide_approval), which the guardian pages limit to their tenants.
     """
 
+    # `enabled` right after the id: at 1280 px the last columns are off screen.
     list_display = (
         "id",
+        "enabled",
         "effect",
         "consequence_level",
         "requires_confirmation",
         "source",
         "available",
-        "enabled",
     )
     list_editable = ("enabled",)
+    actions = ("enable_tools", "disable_tools")
+    # Extends guardian's change form with the "used by these policies" list.
+    change_form_template = "admin/tools/tool/change_form.html"  # type: ignore[misc]
     list_filter = ("enabled", "effect", "consequence_level", "source", "available")
     search_fields = ("id", "description")
     readonly_fields = (
@@ -58,4 +65,55 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         return False  # tools come from code or MCP discovery, not from a form
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Tools defined in code come back on the next sync: they are disabled, not deleted."""
+        if obj is not None and obj.source == Source.CORE:
+            return False
         return is_superuser(request.user) and super().has_delete_permission(request, obj)
+
+    def get_actions(
+        self, request: HttpRequest, action_location: ActionLocation = ActionLocation.CHANGE_LIST
+    ) -> Any:
+        actions = super().get_actions(request, action_location)
+        actions.pop("delete_selected", None)  # it would delete code-defined tools too
+        if not is_superuser(request.user):  # `enabled` is global
+            actions.pop("enable_tools", None)
+            actions.pop("disable_tools", None)
+        return actions
+
+    @admin.action(description="Enable selected tools (for every tenant)")
+    def enable_tools(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        self._switch(request, queryset, enabled=True)
+
+    @admin.action(description="Disable selected tools (for every tenant)")
+    def disable_tools(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        self._switch(request, queryset, enabled=False)
+
+    def _switch(self, request: HttpRequest, queryset: QuerySet[Tool], *, enabled: bool) -> None:
+        if not is_superuser(request.user):  # a forged action POST: the list offers none
+            raise PermissionDenied("Only superusers switch tools, for every tenant at once.")
+        changed = queryset.exclude(enabled=enabled).update(enabled=enabled)
+        state = "enabled" if enabled else "disabled"
+        self.message_user(request, f"{changed} tool(s) {state}.", messages.SUCCESS)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        tool = self.get_object(request, object_id)
+        context = {**(extra_context or {})}
+        if tool is not None:
+            context["used_by_policies"] = policies_using(tool, staff_tenants(request.user))
+        return super().change_view(request, object_id, form_url, context)
+
+
+def policies_using(tool: Tool, tenants: Any) -> list[Policy]:
+    """Policies of these tenants that list the tool, by id or by pattern."""
+    policies = Policy.objects.filter(tenant__in=tenants).select_related("tenant")
+    return [
+        policy
+        for policy in policies.prefetch_related("tools")
+        if policy.lists(tool, {t.pk for t in policy.tools.all()})
+    ]
