@@ -11,6 +11,7 @@ import httpx2
 import pytest
 
 from apps.tenants.models import ApiKey
+from tests.conftest import allow, make_agent
 from tests.support.server import Server, daphne
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
@@ -28,9 +29,11 @@ INIT = {
 ACCEPT = "application/json, text/event-stream"
 
 
-@pytest.fixture(scope="module")
-def server(django_db_setup: None, django_db_blocker: Any) -> Iterator[Server]:
-    with django_db_blocker.unblock(), daphne({"TOOLHUB_MAX_REQUEST_BYTES": "4096"}) as base:
+@pytest.fixture
+def server(transactional_db: None) -> Iterator[Server]:
+    """One Daphne per test: a process that outlived a test would keep caches (content
+    type ids...) of rows the test database no longer has."""
+    with daphne({"TOOLHUB_MAX_REQUEST_BYTES": "4096"}) as base:
         yield base
 
 
@@ -158,3 +161,26 @@ def test_the_event_stream_needs_a_session_and_ends_when_the_key_is_revoked(serve
             if time.monotonic() - started > 12:
                 break
         assert time.monotonic() - started < 10
+
+
+def test_tasks_are_the_callers_own_and_a_held_one_can_be_cancelled(server, test_tools):
+    agent = make_agent("demo", "agent:one")
+    other = make_agent("demo", "agent:two")
+    allow(agent.tenant, "test__confirm")
+    init = {**INIT, "params": {**INIT["params"], "protocolVersion": "2025-11-25"}}
+    sessions = [post(server, init, a.key).headers["mcp-session-id"] for a in (agent, other)]
+    call = {"name": "test__confirm", "arguments": {}, "task": {"ttl": 60000}}
+    task = rpc(server, agent.key, sessions[0], "tools/call", call).json()["result"]["task"]
+    assert task["status"] == "working", task.get("statusMessage")
+
+    stolen = rpc(server, other.key, sessions[1], "tasks/get", {"taskId": task["taskId"]})
+    assert stolen.json()["error"]["code"] == -32602
+    refused = rpc(server, other.key, sessions[1], "tasks/cancel", {"taskId": task["taskId"]})
+    assert refused.json()["error"]["code"] == -32602
+
+    cancelled = rpc(server, agent.key, sessions[0], "tasks/cancel", {"taskId": task["taskId"]})
+    assert cancelled.json()["result"]["status"] == "cancelled"
+    again = rpc(server, agent.key, sessions[0], "tasks/cancel", {"taskId": task["taskId"]})
+    assert again.json()["error"]["code"] == -32602
+    result = rpc(server, agent.key, sessions[0], "tasks/result", {"taskId": task["taskId"]})
+    assert result.json()["result"]["structuredContent"]["errorCode"] == "cancelled"

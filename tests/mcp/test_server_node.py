@@ -17,6 +17,7 @@ from apps.invocations.models import InvocationRecord, Status
 from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from tests.conftest import CORE_TOOLS, allow, make_agent
+from tests.streams.conftest import logged_in, operator
 from tests.support.server import Server, daphne
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
@@ -38,18 +39,20 @@ def node_harness() -> Path:
             capture_output=True,
             timeout=300,
         )
-    return NODE_DIR / "client.mjs"
+    return NODE_DIR
 
 
 @pytest.fixture
 def server(transactional_db: None) -> Iterator[Server]:
-    with daphne({"TOOLHUB_MCP_PAGE_SIZE": str(PAGE_SIZE)}) as base:
+    # The embedded worker runs approved calls, so a task can complete.
+    env = {"TOOLHUB_MCP_PAGE_SIZE": str(PAGE_SIZE), "TOOLHUB_EMBEDDED_WORKER": "1"}
+    with daphne(env) as base:
         yield base
 
 
 def drive(server: Server, key: str) -> dict[str, Any]:
     done = subprocess.run(
-        ["node", str(node_harness()), server, key],
+        ["node", str(node_harness() / "client.mjs"), server, key],
         capture_output=True,
         text=True,
         timeout=120,
@@ -102,3 +105,39 @@ def test_the_typescript_sdk_client_lists_calls_and_is_refused_without_a_key(serv
     assert out["noKey"]["connected"] is False and out["noKey"]["status"] == 401
     assert "Authentication required" in out["noKey"]["message"]
     assert out["badKey"]["connected"] is False and out["badKey"]["status"] == 401
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_held_call_as_an_mcp_task_completes_when_it_is_decided(server, test_tools, decision):
+    agent = make_agent("demo", "agent:node")
+    allow(agent.tenant, "test__confirm")
+    browser = logged_in(server, operator("olga", agent.tenant, decide=("test__confirm",)))
+    script = node_harness() / "task.mjs"
+    process = subprocess.Popen(
+        ["node", str(script), server, agent.key, "test__confirm"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        created = json.loads(process.stdout.readline())["taskCreated"]
+        record = InvocationRecord.objects.get(pk=created["taskId"])
+        assert created["status"] == "working" and record.status == Status.PENDING_APPROVAL
+        assert str(record.approval.pk) in created["statusMessage"]
+        browser.decide(str(record.approval.pk), decision, "not today")
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    messages = json.loads(out.splitlines()[-1])["messages"]
+    statuses = [m["task"]["status"] for m in messages if m["type"] == "taskStatus"]
+    assert statuses[-1] == ("completed" if decision == "approve" else "failed")
+    if decision == "approve":
+        result = messages[-1]
+        assert result["type"] == "result" and result["result"]["isError"] is False
+        assert result["result"]["structuredContent"]["invocationId"] == created["taskId"]
+    else:
+        last_status = [m for m in messages if m["type"] == "taskStatus"][-1]
+        assert last_status["task"]["statusMessage"] == "approval_rejected: not today"
+        assert messages[-1]["type"] == "error"

@@ -9,13 +9,14 @@ These functions are synchronous: the transport runs them in a worker thread.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import ValidationError
 
-from apps.invocations import runner
+from apps.invocations import cancellation, runner
 from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
@@ -34,6 +35,11 @@ INVALID_PARAMS = -32602
 # spoken: `server/discover` is answered "method not found", and clients fall back.
 PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 LATEST = PROTOCOL_VERSIONS[-1]
+# MCP tasks exist in this revision only: a `tools/call` with `params.task` becomes a task
+# whose id is the invocation id, so a held call can be awaited until it is decided.
+TASKS_VERSION = "2025-11-25"
+TASK_POLL_MS = 1000
+FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
 INSTRUCTIONS = (
     "toolhub runs every call through its policies. A call that needs a human decision "
@@ -55,9 +61,12 @@ def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any],
         raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion (a string).")
     version = asked if asked in PROTOCOL_VERSIONS else LATEST
     session = Session.start(api_key_id, version)
+    capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
+    if version == TASKS_VERSION:
+        capabilities["tasks"] = {"cancel": {}, "requests": {"tools": {"call": {}}}}
     result = {
         "protocolVersion": version,
-        "capabilities": {"tools": {"listChanged": True}},
+        "capabilities": capabilities,
         "serverInfo": {"name": "toolhub", "title": "toolhub", "version": "1"},
         "instructions": INSTRUCTIONS,
     }
@@ -69,21 +78,32 @@ def answer(caller: Caller, session: Session, method: str, params: dict[str, Any]
     if method == "ping":
         return {}
     if method == "tools/list":
-        return list_tools(caller, params)
+        return list_tools(caller, session, params)
     if method == "tools/call":
         return call_tool(caller, session, params)
+    if method in ("tasks/get", "tasks/cancel") and session.protocol_version == TASKS_VERSION:
+        record = task_record(caller, params)
+        if method == "tasks/cancel":
+            try:
+                record = cancellation.cancel(record, by=caller.principal)
+            except cancellation.NotCancellable as exc:
+                raise RpcError(INVALID_PARAMS, f"The task cannot be cancelled: {exc}") from exc
+        return task_of(record)
     if method == "initialize":
         raise RpcError(INVALID_REQUEST, "This session is already initialized.")
     raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
 
-def list_tools(caller: Caller, params: dict[str, Any]) -> dict[str, Any]:
+def list_tools(caller: Caller, session: Session, params: dict[str, Any]) -> dict[str, Any]:
     cursor = params.get("cursor")
     if cursor is not None and not isinstance(cursor, str):
         raise RpcError(INVALID_PARAMS, "cursor must be a string from an earlier tools/list.")
     allowed = catalog(caller.tenant, caller.principal, caller.user)
     try:
         listed, next_cursor = tools.page(allowed, cursor, settings.TOOLHUB_MCP_PAGE_SIZE)
+        if session.protocol_version == TASKS_VERSION:
+            for tool in listed:
+                tool["execution"] = {"taskSupport": "optional"}
     except tools.BadCursor as exc:
         raise RpcError(INVALID_PARAMS, str(exc)) from exc
     result: dict[str, Any] = {"tools": listed}
@@ -115,7 +135,69 @@ def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[
             for e in exc.errors(include_input=False, include_url=False)
         )
         raise RpcError(INVALID_PARAMS, f"Invalid tools/call params ({fields}).") from exc
+    task = params.get("task")
+    if task is not None and session.protocol_version == TASKS_VERSION:
+        if not isinstance(task, dict):
+            raise RpcError(INVALID_PARAMS, "params.task must be an object.")
+        # The call runs (or is held) now; the task is its record, polled by tasks/get.
+        return {"task": task_of(runner.invoke(caller, request))}
     return call_result(runner.invoke(caller, request))
+
+
+def task_record(caller: Caller, params: dict[str, Any]) -> InvocationRecord:
+    """The caller's own call named by `params.taskId` (an invocation id)."""
+    task_id = params.get("taskId")
+    try:
+        pk = uuid.UUID(str(task_id))
+    except ValueError:
+        raise RpcError(INVALID_PARAMS, "Unknown taskId.") from None
+    record = InvocationRecord.objects.filter(
+        pk=pk, tenant=caller.tenant, principal=caller.principal
+    ).first()
+    if record is None:
+        raise RpcError(INVALID_PARAMS, "Unknown taskId.")
+    return record
+
+
+def task_of(record: InvocationRecord) -> dict[str, Any]:
+    """The MCP task of a call: working until it ends, then completed, failed or cancelled."""
+    if record.status == Status.CANCELLED:
+        status, message = "cancelled", record.safe_message
+    elif record.status in FINISHED:
+        status = "completed" if record.ok else "failed"
+        message = "" if record.ok else f"{record.error_code}: {record.safe_message}"
+    elif record.status == Status.PENDING_APPROVAL:
+        approval = getattr(record, "approval", None)
+        status = "working"
+        message = f"Held for human approval: approvalId {approval.pk if approval else ''}."
+    else:
+        status, message = "working", f"The call is {record.status}."
+    updated = record.ended_at or record.started_at or record.created_at
+    task: dict[str, Any] = {
+        "taskId": str(record.pk),
+        "status": status,
+        "createdAt": _iso(record.created_at),
+        "lastUpdatedAt": _iso(updated),
+        "ttl": None,  # the record is kept like any other
+        "pollInterval": TASK_POLL_MS,
+    }
+    if message:
+        task["statusMessage"] = message
+    return task
+
+
+def task_result(caller: Caller, params: dict[str, Any]) -> dict[str, Any] | None:
+    """`tasks/result`: the call's CallToolResult once it has ended, else None (still waiting)."""
+    record = task_record(caller, params)
+    if record.status not in FINISHED:
+        return None
+    result = call_result(record)
+    result["_meta"] = {"io.modelcontextprotocol/related-task": {"taskId": str(record.pk)}}
+    return result
+
+
+def _iso(moment: Any) -> str:
+    return str(moment.isoformat().replace("+00:00", "Z"))
 
 
 def call_result(record: InvocationRecord) -> dict[str, Any]:

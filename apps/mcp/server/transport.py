@@ -84,7 +84,7 @@ class McpEndpoint:
             body = await _read_body(receive)
             if body is None:
                 return  # the client went away (or the body limit cut it off)
-            await _send(send, await self.post(scope, key, body))
+            await _send(send, await self.post(scope, receive, key, body))
         elif method == "GET":
             await self.stream(scope, receive, send, key)
         else:
@@ -94,7 +94,7 @@ class McpEndpoint:
                 reason = "Use POST for messages and GET for the event stream."
             await _send(send, Reply(405, {"detail": reason}, ((b"allow", allow),)))
 
-    async def post(self, scope: Scope, key: ApiKey, body: bytes) -> Reply:
+    async def post(self, scope: Scope, receive: Receive, key: ApiKey, body: bytes) -> Reply:
         try:
             message = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -133,7 +133,10 @@ class McpEndpoint:
         if not isinstance(params, dict):
             return _error(request_id, methods.INVALID_PARAMS, "params must be an object.")
         try:
-            result = await _answer(key, session, method, params)
+            if method == "tasks/result" and session.protocol_version == methods.TASKS_VERSION:
+                result = await _await_task(key, params, receive)
+            else:
+                result = await _answer(key, session, method, params)
         except RpcError as exc:
             return _error(request_id, exc.code, exc.message)
         return Reply(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -238,6 +241,23 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+async def _await_task(key: ApiKey, params: dict[str, Any], receive: Receive) -> Any:
+    """`tasks/result` blocks until the call ends (e.g. a held call is decided).
+
+    It waits here, on the event loop, re-reading the record every poll interval, so a
+    wait of minutes holds no thread; it stops when the client goes away.
+    """
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        while True:
+            result = await _task_result(key, params)
+            if result is not None or gone.done():
+                return result
+            await asyncio.wait({gone}, timeout=methods.TASK_POLL_MS / 1000)
+    finally:
+        gone.cancel()
+
+
 async def _read_body(receive: Receive) -> bytes | None:
     chunks = []
     while True:
@@ -269,6 +289,13 @@ def _run(key: ApiKey, session: Session, method: str, params: dict[str, Any]) -> 
 # connection handling of channels.db, so a slow tool never holds up another request.
 _authenticate = database_sync_to_async(_key_for, thread_sensitive=False)
 _answer = database_sync_to_async(_run, thread_sensitive=False)
+
+
+def _finished_task(key: ApiKey, params: dict[str, Any]) -> Any:
+    return methods.task_result(Caller.for_api_key(key), params)
+
+
+_task_result = database_sync_to_async(_finished_task, thread_sensitive=False)
 
 
 def _unauthorized() -> Reply:
