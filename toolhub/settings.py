@@ -308,6 +308,12 @@ TOOLHUB_MAX_REQUEST_BYTES = env_int(
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLHUB_MAX_REQUEST_BYTES
 
+# GET /metrics (toolhub/metrics.py) answers `Authorization: Bearer <this>` and superuser
+# sessions only. Unset: superusers only (no scraper). Set: 32+ characters.
+TOOLHUB_METRICS_TOKEN = env_str("TOOLHUB_METRICS_TOKEN", "").strip()
+if TOOLHUB_METRICS_TOKEN and len(TOOLHUB_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured("TOOLHUB_METRICS_TOKEN must be at least 32 characters long")
+
 # Where the runner finds tools (apps/tools/sources.py), asked in order.
 TOOLHUB_TOOL_SOURCES = ["apps.tools.sources.BuiltinSource", "apps.mcp.source.McpSource"]
 # Executables an MCP server registered over stdio may run (apps/mcp); staff-only, never

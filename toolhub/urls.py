@@ -4,7 +4,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.invocations import views as invocation_views
-from toolhub import health
+from toolhub import health, metrics
 
 handler404 = "toolhub.api.json_not_found"
 handler500 = "toolhub.api.json_server_error"
@@ -31,4 +31,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
 ]

@@ -30,11 +30,13 @@ from apps.invocations.streams import (
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
+from toolhub.metrics import CountedStream
 
 logger = logging.getLogger(__name__)
 
 
-class ApprovalsConsumer(AsyncJsonWebsocketConsumer):
+class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
+    stream_kind = "approvals"  # toolhub_open_streams
     channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
     groups_joined: list[str]
     sender: asyncio.Future[None] | None = None

@@ -10,5 +10,7 @@ urlpatterns = [
     path("approvals/<uuid:approval_id>/", views.detail, name="detail"),
     path("approvals/<uuid:approval_id>/outcome/", views.outcome, name="outcome"),
     path("runs/<str:run_id>/", invocation_views.run_timeline, name="run"),
+    path("overview/", invocation_views.overview, name="overview"),
+    path("overview/data/", invocation_views.overview_data, name="overview-data"),
     path("history/", views.history, name="history"),
 ]

@@ -1,5 +1,5 @@
 """The demo chat page (a run's events rendered live, the thing a frontend would copy) and
-the staff's run timeline."""
+the staff's run timeline and overview charts."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import uuid
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+from apps.invocations import stats
 from apps.invocations.models import InvocationRecord, Run, RunEvent
 from apps.invocations.streams import is_run_id
 from apps.tenants.callers import Caller, NoTenant
@@ -87,3 +88,24 @@ def run_timeline(request: HttpRequest, run_id: str) -> HttpResponse:
         "last_seq": events[-1].seq if events else 0,
     }
     return render(request, "invocations/run_timeline.html", context)
+
+
+OVERVIEW_MINUTES = 30
+
+
+@staff_member_required
+def overview(request: HttpRequest) -> HttpResponse:
+    """Charts of the staff member's tenants (superusers: all), redrawn from `overview_data`."""
+    return render(request, "invocations/overview.html", {"minutes": OVERVIEW_MINUTES})
+
+
+@staff_member_required
+def overview_data(request: HttpRequest) -> JsonResponse:
+    """The overview's numbers (`apps.invocations.stats.overview`), polled by the page."""
+    tenants = staff_tenants(request.user)
+    chosen = request.GET.get("tenant")
+    if chosen:
+        tenants = tenants.filter(slug=chosen)
+    response = JsonResponse(stats.overview(tenants, OVERVIEW_MINUTES))
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,164 @@
+"""GET /metrics: Prometheus text format, for scrapers.
+
+Calls, latencies, pending approvals and queue depth are read from the database at
+scrape time by a custom collector (`DatabaseCollector`): any process answers with the
+totals of all processes, and a restart resets nothing. Open streams are the one
+per-process number (`toolhub_open_streams`): each Daphne process counts the WebSocket
+streams it holds, so a dashboard sums the gauge over instances.
+
+Access: `Authorization: Bearer $TOOLHUB_METRICS_TOKEN`, or a superuser's session (for a
+look in the browser). The numbers name every tenant and tool, so nobody else gets them:
+no token and no session is a 401, a wrong token too (compared in constant time).
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
+
+from apps.invocations import stats
+
+
+class OpenStreams:
+    """WebSocket streams open in this process, by kind ("runs", "approvals")."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def opened(self, kind: str) -> None:
+        with self._lock:
+            self._open[kind] = self._open.get(kind, 0) + 1
+
+    def closed(self, kind: str) -> None:
+        with self._lock:
+            self._open[kind] = max(0, self._open.get(kind, 0) - 1)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._open)
+
+
+open_streams = OpenStreams()
+STREAM_KINDS = ("runs", "approvals")
+
+
+class CountedStream:
+    """Mixin for a WebSocket consumer: counts it in `open_streams` from accept until the
+    server closes it or the client goes, whichever comes first.
+
+    A refused stream is accepted and closed at once (`streams.refuse`, so the client can
+    read the close code): it is counted for that instant only.
+    """
+
+    stream_kind = ""
+    _counted = False
+
+    async def accept(self, subprotocol: Any = None, headers: Any = None) -> None:
+        await super().accept(subprotocol, headers)  # type: ignore[misc]
+        open_streams.opened(self.stream_kind)
+        self._counted = True
+
+    async def close(self, code: Any = None, reason: Any = None) -> None:
+        self._uncount()
+        await super().close(code, reason)  # type: ignore[misc]
+
+    async def websocket_disconnect(self, message: Any) -> None:
+        self._uncount()
+        await super().websocket_disconnect(message)  # type: ignore[misc]
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            open_streams.closed(self.stream_kind)
+
+
+class DatabaseCollector(Collector):
+    """Builds every metric from grouped database queries when scraped."""
+
+    def collect(self) -> Iterator[Any]:
+        calls = CounterMetricFamily(
+            "toolhub_tool_calls",
+            "Tool calls recorded, by tenant, tool and status (refused calls included).",
+            labels=["tenant", "tool", "status"],
+        )
+        for row in stats.calls_by_tool_and_outcome():
+            calls.add_metric([row["tenant__slug"], row["tool_ref"], row["status"]], row["n"])
+        yield calls
+
+        latency = HistogramMetricFamily(
+            "toolhub_tool_call_duration_seconds",
+            "Duration of tool calls that ran, by tenant and tool.",
+            labels=["tenant", "tool"],
+        )
+        for row in stats.latency_histograms():
+            buckets = [(_bound(bound), count) for bound, count in row["buckets"]]
+            buckets.append(("+Inf", row["count"]))
+            latency.add_metric([row["tenant"], row["tool"]], buckets, row["sum_seconds"])
+        yield latency
+
+        pending = GaugeMetricFamily(
+            "toolhub_pending_approvals", "Calls waiting for a human decision.", labels=["tenant"]
+        )
+        for tenant, count in stats.pending_by_tenant().items():
+            pending.add_metric([tenant], count)
+        yield pending
+
+        queue = GaugeMetricFamily(
+            "toolhub_queue_depth",
+            "Tasks (approved calls, notifications) waiting for a worker.",
+            labels=["queue"],
+        )
+        depth = stats.queue_depth()
+        for name in sorted({"default", *depth}):
+            queue.add_metric([name], depth.get(name, 0))
+        yield queue
+
+        streams = GaugeMetricFamily(
+            "toolhub_open_streams",
+            "WebSocket streams open in this process (sum over processes).",
+            labels=["kind"],
+        )
+        current = open_streams.snapshot()
+        for kind in STREAM_KINDS:
+            streams.add_metric([kind], current.get(kind, 0))
+        yield streams
+
+
+def _bound(seconds: float) -> str:
+    return repr(float(seconds))
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(DatabaseCollector())
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not _allowed(request):
+        response = HttpResponse(
+            "Metrics need Authorization: Bearer <TOOLHUB_METRICS_TOKEN> or a superuser session.\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    # The classic text format (0.0.4): what every Prometheus version and agent scrapes.
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def _allowed(request: HttpRequest) -> bool:
+    token = settings.TOOLHUB_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_superuser)
