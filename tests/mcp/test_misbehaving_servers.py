@@ -77,3 +77,23 @@ def test_a_running_call_is_cancelled_on_request():
     worker.join(10)
     assert answers and answers[0]["errorCode"] == "cancelled", answers
     assert agent.invoke("mcp__bad__echo", args={"text": "still here"}).json()["ok"] is True
+
+
+def test_a_stdio_server_gets_none_of_toolhubs_secrets_in_its_environment(monkeypatch):
+    monkeypatch.setenv("TOOLHUB_SECRET_KEY", "must-not-leak-0123456789abcdefghijklmnopqrstuvwxyz")
+    add("env", f"python {SERVERS}/misbehaving.py env")
+    enable("mcp__env__env_names")
+    agent = make_agent("acme")
+    allow(agent.tenant, "mcp__env__env_names")
+    body = agent.invoke("mcp__env__env_names").json()
+    names = body["result"]["structuredContent"]["result"]
+    assert "PATH" in names
+    assert not [name for name in names if "TOOLHUB" in name or "DATABASE" in name]
+
+
+def test_deleting_a_server_retires_its_tools_from_the_catalog():
+    add("bad", f"python {SERVERS}/misbehaving.py well")
+    enable("mcp__bad__echo")
+    McpServer.objects.get(name="bad").delete()
+    echo = Tool.objects.get(pk="mcp__bad__echo")
+    assert (echo.enabled, echo.available) == (False, False)

@@ -1,9 +1,10 @@
 """A stdio MCP server (official SDK) that misbehaves on purpose, chosen by argv[1].
 
-Modes: well (echo, nap, crash, huge, fail); vanish (a tool removed between list and
-call); grow (a tool added later, announced by list_changed); hang_start (never
-initialises); names (ids outside the alphabet, and colliding); schemas (a union type,
-outside the subset); v1 / v2 (the same tool with another description).
+Modes: well (echo, nap, crash, huge, fail); env (its environment's names); vanish (a
+tool removed between list and call); grow (a tool added later, announced by
+list_changed); hang_start (never initialises); names (ids outside the alphabet, and
+colliding); schemas (a union type, outside the subset); v1 / v2 (the same tool with
+another description).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ elif mode == "schemas":
     @app.tool(description="A plain one.")
     def plain(value: int) -> str:
         return str(value)
+
+elif mode == "env":
+
+    @app.tool(description="The names of the environment variables the server was given.")
+    def env_names() -> list[str]:
+        return sorted(os.environ)
 
 elif mode == "vanish":
 
