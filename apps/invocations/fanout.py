@@ -94,9 +94,12 @@ class Feed:
                 # Events pushed meanwhile may be lost to the feed, but they are
                 # persisted: once the layer answers again, subscribers re-read them.
                 logger.exception("feed for %s could not read; retrying", self.group)
+                # A restarted Redis has forgotten the group: join again, as long as
+                # it takes, before reading on (else no live event ever comes back).
                 await asyncio.sleep(RETRY_S)
-                if await self._join():
-                    await self._each(lambda subscriber: subscriber.catch_up())
+                while not await self._join():
+                    await asyncio.sleep(RETRY_S)
+                await self._each(lambda subscriber: subscriber.catch_up())
                 continue
             event = message.get("event")
             if isinstance(event, dict):

@@ -31,10 +31,11 @@ def redis_server_binary() -> str:
 
 
 @contextmanager
-def redis_server() -> Iterator[str]:
-    """Start redis-server on a free loopback port, without persistence; yields its URL."""
+def redis_server(port: int | None = None) -> Iterator[str]:
+    """Start redis-server on a free loopback port (or `port`, to restart one), without
+    persistence; yields its URL."""
     binary = redis_server_binary()
-    port = free_port()
+    port = port or free_port()
     workdir = Path(tempfile.mkdtemp(prefix="toolhub-redis-"))
     log = workdir / "redis.log"
     with log.open("wb") as output:
