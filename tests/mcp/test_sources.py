@@ -137,6 +137,19 @@ def test_a_server_that_crashes_mid_call_is_unavailable_then_restarted():
     assert agent.invoke("mcp__bad__echo", args={"text": "again"}).json()["ok"] is True
 
 
+def test_calls_share_one_pooled_process_and_a_crashed_one_is_replaced():
+    well()
+    agent = allowed_agent("pid", "crash")
+
+    def pid() -> int:
+        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
+
+    first = pid()
+    assert pid() == first
+    assert agent.invoke("mcp__bad__crash").json()["errorCode"] == "unavailable"
+    assert pid() != first
+
+
 def test_a_huge_result_is_refused_by_the_output_limit():
     well()
     agent = allowed_agent("huge")
@@ -206,3 +219,14 @@ def test_a_changed_description_disables_the_tool_until_an_admin_accepts_the_diff
     accept_change(row)
     row.refresh_from_db()
     assert row.tool.enabled is True and "evil" in row.description
+
+
+def test_an_imported_tool_is_listed_in_the_catalog_with_its_closed_schema():
+    add("time", "mcp-server-time")
+    enable(TIME)
+    agent = make_agent("acme")
+    allow(agent.tenant, TIME)
+    listed = agent.client.get("/api/v1/tools/", {"format": "openai"}).json()["tools"]
+    (function,) = [t["function"] for t in listed if t["function"]["name"] == TIME]
+    assert function["parameters"]["required"] == ["timezone"]
+    assert function["parameters"]["additionalProperties"] is False

@@ -1,6 +1,6 @@
 """A stdio MCP server (official SDK) that misbehaves on purpose, chosen by argv[1].
 
-Modes: well (echo, nap, crash, huge, fail); env (its environment's names); vanish (a
+Modes: well (echo, nap, crash, huge, fail, pid); env (its environment's names); vanish (a
 tool removed between list and call); grow (a tool added later, announced by
 list_changed); hang_start (never initialises); names (ids outside the alphabet, and
 colliding); schemas (a union type, outside the subset); v1 / v2 (the same tool with
@@ -36,6 +36,10 @@ if mode == "well":
     @app.tool(description="Answer with a lot of text.")
     def huge(size: int) -> str:
         return "x" * size
+
+    @app.tool(description="The server's process id (shows whether sessions are reused).")
+    def pid() -> int:
+        return os.getpid()
 
     @app.tool(description="Report a tool-level error.")
     def fail() -> str:
