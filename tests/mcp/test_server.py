@@ -216,3 +216,28 @@ def _disable_echo(agent: Agent) -> None:
     """What an admin does on the policy's page: take a tool off the policy."""
     policy = Policy.objects.get(tenant=agent.tenant, name="allow")
     policy.tools.remove(Tool.objects.get(pk="test__echo"))
+
+
+def test_another_tenants_change_is_not_announced_on_this_tenants_stream(server, demo):
+    other = make_agent("globex", "agent:other")
+    allow(other.tenant, "core__get_current_time", "test__echo")
+    messages: list[Any] = []
+
+    def changed() -> int:
+        return sum(isinstance(m, types.ToolListChangedNotification) for m in messages)
+
+    async def scenario() -> None:
+        async with connected(server, demo.key, messages):
+            await asyncio.sleep(1)  # the GET stream is open and subscribed
+            await asyncio.to_thread(_disable_echo, other)
+            await asyncio.sleep(1.5)
+            assert changed() == 0
+            await asyncio.to_thread(_disable_echo, demo)
+            for _ in range(100):
+                if changed():
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+
+    run(scenario())
+    assert changed() == 1

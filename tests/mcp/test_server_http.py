@@ -33,7 +33,7 @@ ACCEPT = "application/json, text/event-stream"
 def server(transactional_db: None) -> Iterator[Server]:
     """One Daphne per test: a process that outlived a test would keep caches (content
     type ids...) of rows the test database no longer has."""
-    with daphne({"TOOLHUB_MAX_REQUEST_BYTES": "4096"}) as base:
+    with daphne({"TOOLHUB_MAX_REQUEST_BYTES": "4096", "TOOLHUB_WS_MAX_PER_PRINCIPAL": "1"}) as base:
         yield base
 
 
@@ -184,3 +184,22 @@ def test_tasks_are_the_callers_own_and_a_held_one_can_be_cancelled(server, test_
     assert again.json()["error"]["code"] == -32602
     result = rpc(server, agent.key, sessions[0], "tasks/result", {"taskId": task["taskId"]})
     assert result.json()["result"]["structuredContent"]["errorCode"] == "cancelled"
+
+
+def test_open_streams_count_against_the_principals_stream_cap(server, agent):
+    session = start(server, agent.key)
+    headers = {
+        "Authorization": f"Bearer {agent.key}",
+        "Accept": "text/event-stream",
+        "Mcp-Session-Id": session,
+    }
+    with httpx2.stream("GET", f"{server}/mcp/", headers=headers, timeout=30) as first:
+        assert first.status_code == 200
+        second = httpx2.get(f"{server}/mcp/", headers=headers, timeout=10)
+        assert second.status_code == 429 and second.headers["retry-after"] == "5"
+    for _ in range(50):  # the first stream's slot is freed once the server sees it close
+        with httpx2.stream("GET", f"{server}/mcp/", headers=headers, timeout=30) as again:
+            if again.status_code == 200:
+                break
+        time.sleep(0.1)
+    assert again.status_code == 200

@@ -26,6 +26,7 @@ from channels.layers import get_channel_layer
 
 from apps.invocations.fanout import feeds_for
 from apps.invocations.revocations import key_watch
+from apps.invocations.streams import connection_slots
 from apps.mcp.server import methods
 from apps.mcp.server.methods import RpcError
 from apps.mcp.server.notifications import groups_for
@@ -154,7 +155,16 @@ class McpEndpoint:
         if "text/event-stream" not in (_header(scope, b"accept") or ""):
             await _send(send, Reply(406, {"detail": "Accept text/event-stream for this stream."}))
             return
-        await EventStream(key, send).run(receive)
+        # One budget of open streams per principal, WebSockets and MCP streams alike.
+        slot = await connection_slots.acquire(f"{key.tenant_id}:{key.principal}")
+        if slot is None:
+            detail = "Too many open streams for this principal; close one first."
+            await _send(send, Reply(429, {"detail": detail}, ((b"retry-after", b"5"),)))
+            return
+        try:
+            await EventStream(key, send).run(receive)
+        finally:
+            await slot.release()
 
 
 class EventStream:

@@ -1,0 +1,60 @@
+"""The MCP shape of the catalog: annotations from the effect, and cursor pages."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.mcp.server import tools
+from apps.policies.policy import Decision
+from apps.tools.models import Tool
+
+ALLOWED = Decision("allow", "policy:1:test", "Allowed.")
+
+
+def tool(tool_id: str, effect: str = "read_only", consequence: str = "low") -> Tool:
+    return Tool(
+        id=tool_id,
+        name=tool_id.title(),
+        description="d",
+        input_schema={"type": "object"},
+        effect=effect,
+        consequence_level=consequence,
+    )
+
+
+@pytest.mark.parametrize(
+    ("effect", "consequence", "read_only", "destructive", "open_world"),
+    [
+        ("read_only", "high", True, False, False),
+        ("state_change", "low", False, False, False),
+        ("state_change", "medium", False, True, False),
+        ("external_side_effect", "low", False, False, True),
+        ("external_side_effect", "high", False, True, True),
+    ],
+)
+def test_it_derives_the_hints_from_effect_and_consequence(
+    effect, consequence, read_only, destructive, open_world
+):
+    hints = tools.hints(tool("a", effect, consequence))
+    assert hints["readOnlyHint"] is read_only
+    assert hints["destructiveHint"] is destructive
+    assert hints["openWorldHint"] is open_world
+    assert hints["idempotentHint"] is read_only
+    assert hints["title"] == "A"
+
+
+def test_pages_continue_after_the_last_id_even_when_the_catalog_changes_between_pages():
+    catalog = [(tool(i), ALLOWED) for i in ("a", "b", "c", "d", "e")]
+    first, cursor = tools.page(catalog, None, 2)
+    assert [t["name"] for t in first] == ["a", "b"] and cursor is not None
+    shrunk = [entry for entry in catalog if entry[0].id != "a"]  # "a" removed meanwhile
+    second, cursor = tools.page(shrunk, cursor, 2)
+    assert [t["name"] for t in second] == ["c", "d"]
+    last, cursor = tools.page(shrunk, cursor, 2)
+    assert [t["name"] for t in last] == ["e"] and cursor is None
+
+
+@pytest.mark.parametrize("cursor", ["not base64!", "bm9wZQ==", ""])
+def test_it_refuses_a_cursor_it_did_not_hand_out(cursor):
+    with pytest.raises(tools.BadCursor):
+        tools.page([(tool("a"), ALLOWED)], cursor, 2)
