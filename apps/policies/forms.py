@@ -35,10 +35,10 @@ class PolicyRuleForm(forms.ModelForm[PolicyRule]):
         model = PolicyRule
         fields = ["position", "tool_pattern", "condition", "outcome", "description"]
         widgets = {
-            "position": forms.NumberInput(attrs={"style": "width: 4em"}),
-            "tool_pattern": forms.TextInput(attrs={"size": 18}),
-            "condition": forms.Textarea(attrs={"rows": 2, "cols": 44}),
-            "description": forms.TextInput(attrs={"size": 22}),
+            "position": forms.NumberInput(attrs={"style": "width: 3.5em"}),
+            "tool_pattern": forms.TextInput(attrs={"style": "width: 9em"}),
+            "condition": forms.Textarea(attrs={"rows": 2, "style": "width: 18em"}),
+            "description": forms.TextInput(attrs={"style": "width: 9em"}),
         }
         help_texts = {"condition": CEL_HELP, "position": POSITION_HELP}
 

@@ -10,6 +10,12 @@ from django.test import Client
 
 from apps.connections.models import Connection
 from apps.tenants.roles import Role, grant_role
+from tests.browser.conftest import (  # noqa: F401  (the browser tests' fixtures)
+    _async_unsafe_allowed,
+    _static_collected,
+    browser,
+    new_context,
+)
 from tests.conftest import Agent, make_agent
 from tests.connections import make_connection
 
