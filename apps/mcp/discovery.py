@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.mcp.models import McpServer, McpTool, tool_hash
-from apps.mcp.sessions import ServerTimeout, ServerUnavailable, pool
+from apps.mcp.sessions import RemoteError, ServerTimeout, ServerUnavailable, pool
 from apps.mcp.source import build_contract, endpoint_for, short_description
 from apps.tools.contracts import ToolError
 from apps.tools.models import Source, Tool
@@ -59,7 +59,7 @@ def sync_server(
     progress(f"{server.name}: listing tools")
     try:
         listed = pool.list_tools(endpoint_for(server, None), timeout=server.timeout_ms / 1000)
-    except (ServerUnavailable, ServerTimeout, ToolError) as exc:
+    except (ServerUnavailable, ServerTimeout, RemoteError, ToolError) as exc:
         reason = (
             f"no answer within {server.timeout_ms} ms"
             if isinstance(exc, ServerTimeout)

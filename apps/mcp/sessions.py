@@ -31,12 +31,18 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 logger = logging.getLogger(__name__)
 
 
 class ServerUnavailable(Exception):
     """The server could not be reached, started, or answered with something unusable."""
+
+
+class RemoteError(Exception):
+    """The server answered a request with a JSON-RPC error: it is alive, the call failed."""
 
 
 class ServerTimeout(Exception):
@@ -198,6 +204,11 @@ class Pool:
             return await action(session)
         except ServerUnavailable:
             raise
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise RemoteError(exc.message[:500]) from None
+            await self._drop(endpoint)
+            raise ServerUnavailable("the connection closed") from None
         except asyncio.CancelledError:
             await self._drop(endpoint)  # a timed-out or cancelled call: start afresh
             raise

@@ -22,7 +22,7 @@ from apps.mcp.models import (
     allowed_argv,
 )
 from apps.mcp.schemas import compile_params
-from apps.mcp.sessions import Endpoint, ServerTimeout, ServerUnavailable, pool
+from apps.mcp.sessions import Endpoint, RemoteError, ServerTimeout, ServerUnavailable, pool
 from apps.tenants.models import Tenant
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
@@ -157,6 +157,8 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
             raise ToolUnavailable(f"The MCP server {server.name} is unavailable: {exc}.") from None
         except ServerTimeout:
             raise ToolError(f"The MCP server {server.name} did not answer in time.") from None
+        except RemoteError as exc:
+            raise ToolError(f"{server.name}/{remote_name}: {exc}"[:1000]) from None
         content = [
             block.model_dump(mode="json", by_alias=True, exclude_none=True)
             for block in result.content

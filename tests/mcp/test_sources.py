@@ -150,6 +150,16 @@ def test_calls_share_one_pooled_process_and_a_crashed_one_is_replaced():
     assert pid() != first
 
 
+def test_a_json_rpc_error_fails_the_call_but_keeps_the_session():
+    well()
+    agent = allowed_agent("pid", "protocol_error")
+    first = agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"]
+    body = agent.invoke("mcp__bad__protocol_error").json()
+    assert body["errorCode"] == "execution", body
+    assert body["safeMessage"] == "bad/protocol_error: the server refuses these parameters"
+    assert agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"] == first
+
+
 def test_a_huge_result_is_refused_by_the_output_limit():
     well()
     agent = allowed_agent("huge")

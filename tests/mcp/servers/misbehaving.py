@@ -1,10 +1,10 @@
 """A stdio MCP server (official SDK) that misbehaves on purpose, chosen by argv[1].
 
-Modes: well (echo, nap, crash, huge, fail, pid); env (its environment's names); vanish (a
-tool removed between list and call); grow (a tool added later, announced by
-list_changed); hang_start (never initialises); names (ids outside the alphabet, and
-colliding); schemas (a union type, outside the subset); v1 / v2 (the same tool with
-another description).
+Modes: well (echo, nap, crash, huge, fail, pid, protocol_error); env (its environment's
+names); vanish (a tool removed between list and call); grow (a tool added later,
+announced by list_changed); hang_start (never initialises); names (ids outside the
+alphabet, and colliding); schemas (a union type, outside the subset); v1 / v2 (the same
+tool with another description).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "well"
 app = MCPServer("misbehaving")
@@ -40,6 +41,10 @@ if mode == "well":
     @app.tool(description="The server's process id (shows whether sessions are reused).")
     def pid() -> int:
         return os.getpid()
+
+    @app.tool(description="Answer with a JSON-RPC error instead of a result.")
+    def protocol_error() -> str:
+        raise MCPError(code=-32602, message="the server refuses these parameters")
 
     @app.tool(description="Report a tool-level error.")
     def fail() -> str:
