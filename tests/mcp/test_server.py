@@ -241,3 +241,24 @@ def test_another_tenants_change_is_not_announced_on_this_tenants_stream(server, 
 
     run(scenario())
     assert changed() == 1
+
+
+@pytest.mark.parametrize("key", [None, "th_wrong_key"])
+def test_the_sdk_client_is_refused_without_a_valid_key(server, demo, key):
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+
+    async def scenario() -> BaseException | None:
+        try:
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=10) as http,
+                streamable_http_client(f"{server}/mcp/", http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+        except BaseException as exc:  # anyio wraps it in an exception group
+            return exc
+        return None
+
+    refused = run(scenario())
+    assert refused is not None
+    assert "Authentication required" in repr(refused), repr(refused)

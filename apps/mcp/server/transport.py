@@ -70,7 +70,7 @@ class McpEndpoint:
         origin = _header(scope, b"origin")
         if origin is not None and not allowed_origin(scope, origin):
             # DNS rebinding: a page of another site must not reach a local server.
-            await _send(send, Reply(403, {"detail": "This Origin may not use /mcp/."}))
+            await _send(send, _refusal(403, "This Origin may not use /mcp/."))
             return
         key = await _authenticate(_header(scope, b"authorization"))
         if key is None:
@@ -93,7 +93,7 @@ class McpEndpoint:
             reason = "Clients cannot end sessions here; a session ends with its key or expires."
             if method != "DELETE":
                 reason = "Use POST for messages and GET for the event stream."
-            await _send(send, Reply(405, {"detail": reason}, ((b"allow", allow),)))
+            await _send(send, _refusal(405, reason, ((b"allow", allow),)))
 
     async def post(self, scope: Scope, receive: Receive, key: ApiKey, body: bytes) -> Reply:
         try:
@@ -153,13 +153,13 @@ class McpEndpoint:
             await _send(send, reply)
             return
         if "text/event-stream" not in (_header(scope, b"accept") or ""):
-            await _send(send, Reply(406, {"detail": "Accept text/event-stream for this stream."}))
+            await _send(send, _refusal(406, "Accept text/event-stream for this stream."))
             return
         # One budget of open streams per principal, WebSockets and MCP streams alike.
         slot = await connection_slots.acquire(f"{key.tenant_id}:{key.principal}")
         if slot is None:
             detail = "Too many open streams for this principal; close one first."
-            await _send(send, Reply(429, {"detail": detail}, ((b"retry-after", b"5"),)))
+            await _send(send, _refusal(429, detail, ((b"retry-after", b"5"),)))
             return
         try:
             await EventStream(key, send).run(receive)
@@ -309,11 +309,16 @@ _task_result = database_sync_to_async(_finished_task, thread_sensitive=False)
 
 
 def _unauthorized() -> Reply:
-    return Reply(
+    return _refusal(
         401,
-        {"detail": "Authentication required: Authorization: Bearer <API key>."},
+        "Authentication required: Authorization: Bearer <API key>.",
         ((b"www-authenticate", b'Bearer realm="toolhub"'),),
     )
+
+
+def _refusal(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
+    """A refusal by the transport, its body a JSON-RPC error so MCP clients show the message."""
+    return Reply(status, rpc_error(None, methods.INVALID_REQUEST, message), headers)
 
 
 def _error(request_id: Any, code: int, message: str, status: int = 200) -> Reply:
