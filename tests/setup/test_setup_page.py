@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from guardian.models import UserObjectPermission
 
 from apps.connections.models import Grant
+from apps.policies import setup
 from apps.policies.models import Policy, PolicyRule
 from apps.policies.setup import grant_tool
 from apps.tools.models import Tool
@@ -146,9 +147,7 @@ def test_the_principal_page_of_another_tenant_is_not_found(setting, admin_client
 
 
 def test_grant_tool_refuses_a_connection_of_another_tenant(setting):
-    from apps.policies.setup import SetupError
-
-    with pytest.raises(SetupError):
+    with pytest.raises(setup.SetupError):
         grant_tool(setting.agent.tenant, setting.agent.principal, Tool.objects.get(pk=HTTP),
                    setting.foreign_connection)  # fmt: skip
     assert not Grant.objects.filter(connection=setting.foreign_connection).exists()
