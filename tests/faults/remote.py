@@ -14,7 +14,7 @@ def seed() -> dict[str, object]:
     from apps.tools.models import Tool
     from apps.tools.registry import registry
     from tests.approvals import tools as approval_tools
-    from tests.approvals.support import TEST_TOOLS
+    from tests.approvals.support import TEST_TOOLS, make_operator
     from tests.conftest import allow, make_agent
 
     for contract in approval_tools.CONTRACTS:
@@ -23,6 +23,7 @@ def seed() -> dict[str, object]:
     Tool.objects.sync_registry(registry)
     agent = make_agent("acme")
     allow(agent.tenant, *TEST_TOOLS, name="test tools")
+    make_operator("olga", agent.tenant)  # password pw-olga-12345
     return {"key": agent.key}
 
 
