@@ -89,6 +89,27 @@ class NewestFirst(CursorPagination):
             )
         return int(raw)
 
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """The page as the API sends it (OpenAPI 3.1 types; all three keys always present)."""
+        link = {"type": ["string", "null"], "format": "uri"}
+        return {
+            "type": "object",
+            "required": ["next", "previous", "results"],
+            "properties": {
+                "next": {
+                    **link,
+                    "description": "The next (older) page; null on the last.",
+                    "example": "https://toolhub.example.com/api/v1/invocations/?cursor=cD0yMDI2",
+                },
+                "previous": {
+                    **link,
+                    "description": "The previous (newer) page; null on the first.",
+                    "example": None,
+                },
+                "results": schema,
+            },
+        }
+
     def decode_cursor(self, request: Request) -> Cursor | None:
         encoded = request.query_params.get(self.cursor_query_param)
         if encoded is None:

@@ -216,7 +216,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["toolhub.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "toolhub.openapi.ToolhubAutoSchema",
     "EXCEPTION_HANDLER": "toolhub.api.exception_handler",
     # ?format= selects the catalog's wire shape, not DRF's renderer.
     "URL_FORMAT_OVERRIDE": None,
@@ -235,6 +235,13 @@ SPECTACULAR_SETTINGS = {
     # 3.1: its schema dialect is JSON Schema 2020-12, which pydantic models emit
     # (`anyOf [T, {"type": "null"}]` is invalid OpenAPI 3.0).
     "OAS_VERSION": "3.1.0",
+    # toolhub/openapi.py: the API description (auth, errors, status codes, lists, streams)
+    # and curated component descriptions instead of docstrings.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "toolhub.openapi.postprocess",
+    ],
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
 }
 
 LOG_LEVEL = env_str("TOOLHUB_LOG_LEVEL", "INFO").upper()

@@ -4,7 +4,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.invocations import views as invocation_views
-from toolhub import health, metrics
+from toolhub import health, metrics, websocket_docs
 
 handler404 = "toolhub.api.json_not_found"
 handler500 = "toolhub.api.json_server_error"
@@ -29,6 +29,8 @@ urlpatterns = [
     path("demo/chat/", invocation_views.demo_chat, name="demo-chat"),
     path("api/v1/", include(api_v1)),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/websockets/", websocket_docs.websocket_protocol, name="api-websockets"),
+    path("api/docs/asyncapi.yaml", websocket_docs.asyncapi_yaml, name="api-asyncapi"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

@@ -16,6 +16,7 @@ from apps.approvals import decisions
 from apps.approvals.api.serializers import ApprovalSerializer, DecisionSerializer
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.tenants.callers import ApiPrincipal
+from toolhub import openapi_examples as examples
 from toolhub.api import BadRequest, NewestFirst, parse_body
 
 
@@ -34,6 +35,8 @@ def decidable_by(user: Any) -> QuerySet[ApprovalRequest]:
 
 
 class ApprovalListView(APIView):
+    pagination_class = NewestFirst  # read by the schema (toolhub/openapi.py); get() pages
+
     @extend_schema(
         operation_id="approvals_list",
         summary="Approval requests the caller may decide",
@@ -80,6 +83,7 @@ class DecisionView(APIView):
             403: OpenApiResponse(description="Not allowed to decide (decide_approval, four-eyes)"),
             409: OpenApiResponse(description="Already decided, expired or cancelled"),
         },
+        examples=examples.DECISION,
     )
     def post(self, request: Request, approval_id: str) -> Response:
         body = parse_body(request, DecisionBody)

@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from apps.invocations.models import StreamTicket
 from apps.invocations.requests import Identifier
+from toolhub import openapi_examples as examples
 from toolhub.api import CallerView, parse_body
 
 
@@ -22,10 +23,13 @@ class StreamTicketView(CallerView):
         operation_id="stream_tickets_create",
         summary="A single-use, 60-second ticket for /ws/v1/runs/{runId}/?ticket=",
         request=inline_serializer("StreamTicketRequest", {"runId": serializers.CharField()}),
-        responses=inline_serializer(
-            "StreamTicket",
-            {"ticket": serializers.CharField(), "expiresAt": serializers.DateTimeField()},
-        ),
+        responses={
+            201: inline_serializer(
+                "StreamTicket",
+                {"ticket": serializers.CharField(), "expiresAt": serializers.DateTimeField()},
+            )
+        },
+        examples=examples.STREAM_TICKET,
     )
     def post(self, request: Request) -> Response:
         body = parse_body(request, TicketRequest)

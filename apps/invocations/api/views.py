@@ -15,6 +15,7 @@ from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
 from apps.tenants.callers import Caller
 from toolhub import api
+from toolhub import openapi_examples as examples
 from toolhub.api import BadRequest, CallerView, parse_body
 
 
@@ -39,6 +40,8 @@ def _status_of(record: InvocationRecord) -> int:
 
 
 class InvocationListView(CallerView):
+    pagination_class = NewestFirst  # read by the schema (toolhub/openapi.py); get() pages
+
     @extend_schema(
         operation_id="invocations_create",
         summary="Invoke a tool",
@@ -53,6 +56,7 @@ class InvocationListView(CallerView):
                 "unfinished after the tool's timeout; poll the record",
             ),
         },
+        examples=examples.INVOKE,
     )
     def post(self, request: Request) -> Response:
         invocation = parse_body(request, InvocationRequest)
@@ -73,6 +77,7 @@ class InvocationListView(CallerView):
             OpenApiParameter("toolId", str),
         ],
         responses=InvocationSerializer(many=True),
+        examples=examples.INVOCATION_PAGE,
     )
     def get(self, request: Request) -> Response:
         records = _records_of(self.caller(request))

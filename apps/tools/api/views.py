@@ -1,14 +1,74 @@
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.policies.policy import catalog
 from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
+from toolhub import openapi_examples as examples
 from toolhub.api import BadRequest, CallerView
+
+TOOL_SPEC = inline_serializer(
+    "ToolSpec",
+    {
+        "id": serializers.CharField(),
+        "name": serializers.CharField(),
+        "description": serializers.CharField(),
+        "inputSchema": serializers.DictField(help_text="JSON Schema of the arguments"),
+        "effect": serializers.CharField(),
+        "consequenceLevel": serializers.CharField(),
+        "requiresConfirmation": serializers.BooleanField(),
+        "requiresApproval": serializers.BooleanField(),
+        "requiresConnection": serializers.BooleanField(),
+        "timeoutMs": serializers.IntegerField(),
+        "tags": serializers.ListField(child=serializers.CharField()),
+        "version": serializers.CharField(),
+        "schemaHash": serializers.CharField(),
+    },
+)
+OPENAI_TOOL = inline_serializer(
+    "OpenAITool",
+    {
+        "type": serializers.ChoiceField(choices=["function"]),
+        "function": inline_serializer(
+            "OpenAIFunction",
+            {
+                "name": serializers.CharField(),
+                "description": serializers.CharField(),
+                "parameters": serializers.DictField(),
+            },
+        ),
+    },
+)
+ANTHROPIC_TOOL = inline_serializer(
+    "AnthropicTool",
+    {
+        "name": serializers.CharField(),
+        "description": serializers.CharField(),
+        "input_schema": serializers.DictField(),
+    },
+)
+
+
+@extend_schema_field(
+    PolymorphicProxySerializer(
+        component_name="ToolEntry",
+        serializers=[TOOL_SPEC, OPENAI_TOOL, ANTHROPIC_TOOL],
+        resource_type_field_name=None,
+    )
+)
+class ToolEntryField(serializers.DictField):
+    """ToolSpec by default; the OpenAI or Anthropic shape with ?format=."""
+
 
 FORMATS = {"": None, "toolhub": None, "openai": openai_tool, "anthropic": anthropic_tool}
 
@@ -28,10 +88,11 @@ class ToolCatalogView(CallerView):
         responses=inline_serializer(
             "ToolCatalog",
             {
-                "tools": serializers.ListField(child=serializers.DictField()),
+                "tools": serializers.ListField(child=ToolEntryField()),
                 "notice": serializers.CharField(required=False),
             },
         ),
+        examples=examples.CATALOG,
     )
     def get(self, request: Request) -> Response:
         wire_format = request.query_params.get("format", "")
