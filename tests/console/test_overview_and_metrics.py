@@ -33,8 +33,9 @@ def superuser() -> User:
     return User.objects.create_superuser("root", "root@example.com", "pw-root-12345")
 
 
-def scrape(client: Client | None = None, **headers: str) -> dict[str, list]:
-    response = (client or Client()).get("/metrics", **headers)
+def scrape(client: Client | None = None, token: str = "") -> dict[str, list]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = (client or Client()).get("/metrics", headers=headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     return {
@@ -180,7 +181,7 @@ def test_metrics_count_calls_by_tool_and_status_from_the_database(caller, other)
     other.invoke(DENIED, args={})
     hold(caller, CONFIRM)
 
-    families = scrape(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    families = scrape(token=TOKEN)
 
     calls = families["toolhub_tool_calls"]
     assert (
@@ -197,7 +198,7 @@ def test_metrics_have_latency_histograms_per_tool(caller):
         record_id = caller.invoke(ECHO, args={"text": "x"}).json()["invocationId"]
         InvocationRecord.objects.filter(pk=record_id).update(duration_ms=ms)
 
-    samples = scrape(HTTP_AUTHORIZATION=f"Bearer {TOKEN}")["toolhub_tool_call_duration_seconds"]
+    samples = scrape(token=TOKEN)["toolhub_tool_call_duration_seconds"]
 
     name = "toolhub_tool_call_duration_seconds"
     assert value(samples, f"{name}_bucket", tool=ECHO, le="0.005") == 1
