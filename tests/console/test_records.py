@@ -175,3 +175,24 @@ def test_the_console_detail_links_the_run_timeline_and_the_record(caller, operat
 
     assert escape("/console/runs/run-held/?tenant=acme") in page
     assert f"{RECORDS}{held['invocationId']}/change/" in page
+
+
+def test_a_record_links_its_connection_while_it_exists(caller, operator):
+    from tests.connections import make_connection
+
+    connection = make_connection(caller.tenant, name="crm")
+    first, _ = two_calls(caller)
+    InvocationRecord.objects.filter(pk=first["invocationId"]).update(
+        connection_id=str(connection.pk)
+    )
+    url = f"{RECORDS}{first['invocationId']}/change/"
+    connection_id = connection.pk
+
+    linked = staff(operator).get(url).content.decode()
+    connection.delete()
+    gone = staff(operator).get(url).content.decode()
+
+    assert f"/admin/connections/connection/{connection_id}/change/" in linked
+    assert "connection crm" in linked
+    assert f"/admin/connections/connection/{connection_id}/change/" not in gone
+    assert str(connection_id) in gone  # the id stays on the record as evidence
