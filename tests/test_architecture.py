@@ -26,6 +26,8 @@ EXECUTE = "execute"  # spelled once, so this file does not access `.execute` its
 # each entry is a place a reviewer agreed cannot hold a tool contract.
 OTHER_EXECUTE_RECEIVERS = {
     "apps.policies.conditions": {"program"},  # a compiled CEL program
+    "apps.approvals.wake": {"raw"},  # a psycopg connection (LISTEN)
+    "tests.faults.test_outages": {"db"},  # a sqlite3/psycopg connection reading the records
 }
 
 
