@@ -146,3 +146,14 @@ def test_the_admin_is_branded_toolhub(operator):
     assert "<title>Tenants, tools, policies and records | toolhub admin</title>" in page
     assert '<div id="site-name"><a href="/admin/">toolhub admin</a></div>' in page
     assert "Django administration" not in page
+
+
+def test_the_history_shows_decision_times_with_seconds(caller, operator, console):
+    _, approval = hold(caller, CONFIRM)
+    decisions.decide(approval.pk, operator, "reject", "no")
+    approval.refresh_from_db()
+    assert approval.decided_at is not None
+
+    page = console.get("/console/history/").content.decode()
+
+    assert approval.decided_at.strftime("%Y-%m-%d %H:%M:%S") in page
