@@ -157,3 +157,11 @@ def test_the_asyncapi_document_is_served_as_yaml():
     assert response.status_code == 200
     assert response["Content-Type"].startswith("application/yaml")
     assert response.content.startswith(b"asyncapi: 3.0.0")
+
+
+def test_the_documented_error_codes_are_the_runners():
+    from apps.invocations.models import ErrorCode
+
+    schema = asyncapi()["components"]["schemas"]["toolCallResult"]
+
+    assert schema["properties"]["errorCode"]["enum"] == list(ErrorCode.values)
