@@ -185,3 +185,25 @@ def test_the_console_is_usable_at_390_px(test_tools, make_operator, new_context)
         expect(page.locator("#outcome-result")).to_be_visible(timeout=TIMEOUT_MS)
         no_sideways_scroll(page)
         screenshot(page, "outcome-390")
+
+
+def test_the_run_timeline_appends_new_events_live(test_tools, make_operator, new_context):
+    agent = make_agent("acme")
+    allow(agent.tenant, "test__echo")
+    make_operator(agent.tenant, "tim")
+    with daphne(SERVER_ENV) as base:
+        assert call(base, agent.key, "test__echo", args={"text": "1"}, runId="run-live")[0] == 200
+        page = new_context(base).new_page()
+        log_in(page, "tim", "/console/runs/run-live/")
+        expect(page.locator("#live-state")).to_have_text("live")
+        expect(page.locator("li.event")).to_have_count(2)
+        page.evaluate("window.__notReloaded = true")
+
+        assert call(base, agent.key, "test__echo", args={"text": "2"}, runId="run-live")[0] == 200
+
+        expect(page.locator("li.event")).to_have_count(4)
+        seqs = page.locator("li.event").evaluate_all("items => items.map(i => +i.dataset.seq)")
+        assert seqs == [1, 2, 3, 4]
+        assert page.evaluate("window.__notReloaded === true")
+        expect(page.locator("li.event").last).to_contain_text("tool_call_result")
+        screenshot(page, "run-timeline")
