@@ -1,0 +1,67 @@
+"""The call-path bench (bench/calls.py) runs end to end on a tiny load and reports every
+goal of issue 13. It proves the bench works, not that the goals hold: figures from a
+test run on a busy machine mean nothing, so none is asserted on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOALS = [
+    "1 no-op call: p50 added over the bare endpoint",
+    "1 no-op call: p99 / p50",
+    "2 core__http_request: p50 added over direct + bare",
+    "3 3 clients: no-op throughput / bare",
+    "3 3 clients: catalog throughput / bare",
+    "3 3 clients: no-op p99 / p50",
+    "4 5 concurrent 1 s calls: wall time",
+    "5 argument validation, 10-field schema: p50",
+    "7 RSS after 20 calls over RSS after 10",
+]
+
+
+@pytest.mark.server
+def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: Path) -> None:
+    output = tmp_path / "calls.json"
+    tiny = [
+        "--calls",
+        "5",
+        "--warmup",
+        "2",
+        "--clients",
+        "3",
+        "--seconds",
+        "0.5",
+        "--sleepers",
+        "5",
+        "--validations",
+        "50",
+        "--memory-calls",
+        "10,20",
+    ]
+    done = subprocess.run(
+        [sys.executable, "bench/calls.py", *tiny, "--output", str(output)],
+        cwd=ROOT,
+        # Its own throwaway SQLite state, never the suite's database (nor CI's PostgreSQL).
+        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    for goal in GOALS:
+        (line,) = [line for line in lines if line.startswith(goal)]
+        assert " MET" in line, line  # MET or NOT MET, with a measured value
+        assert "n/a" not in line
+    saved = json.loads(output.read_text())
+    assert sorted(figure["goal"] for figure in saved["figures"]) == sorted(GOALS)
+    assert all(figure["value"] is not None for figure in saved["figures"])
