@@ -61,16 +61,21 @@ class McpServerAdmin(SuperusersOnly):
 
     @admin.action(description="Discover tools (sync); new and changed tools stay disabled")
     def sync(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        """Lists with the server's only tenant credential, if it has one; a server with
+        several is refused with a message (mcp_sync --tenant chooses)."""
         for server in queryset:
             try:
                 report = discovery.sync_server(server)
             except discovery.SyncFailed as exc:
                 self.message_user(request, f"{server.name}: {exc}", messages.ERROR)
                 continue
+            listed_with = (
+                f" (listed with tenant {report.tenant}'s credential)" if report.tenant else ""
+            )
             self.message_user(
                 request,
                 f"{server.name}: {len(report.created)} new, {len(report.changed)} changed, "
-                f"{len(report.unusable)} unusable, {len(report.gone)} gone.",
+                f"{len(report.unusable)} unusable, {len(report.gone)} gone{listed_with}.",
                 messages.SUCCESS,
             )
             for error in report.errors:

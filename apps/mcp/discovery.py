@@ -17,9 +17,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.mcp.models import McpServer, McpTool, tool_hash
-from apps.mcp.sessions import RemoteError, ServerTimeout, ServerUnavailable, pool
+from apps.mcp.models import McpServer, McpTool, Transport, tool_hash
+from apps.mcp.sessions import Endpoint, RemoteError, ServerTimeout, ServerUnavailable, pool
 from apps.mcp.source import build_contract, endpoint_for, short_description
+from apps.tenants.models import Tenant
 from apps.tools.contracts import ToolError
 from apps.tools.models import Source, Tool
 
@@ -31,6 +32,10 @@ class SyncFailed(Exception):
     """The server could not be listed at all (down, hanging, not MCP)."""
 
 
+class CredentialChoice(SyncFailed):
+    """Whose credential lists the server's tools is unknown or ambiguous: nothing was asked."""
+
+
 @dataclass
 class SyncReport:
     server: str
@@ -40,6 +45,7 @@ class SyncReport:
     gone: list[str] = field(default_factory=list)
     unusable: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    tenant: str = ""  # whose credential listed the tools ("" for none)
 
 
 def normalise(remote_name: str) -> str:
@@ -52,13 +58,59 @@ def tool_id_for(server: McpServer, remote_name: str) -> str | None:
     return tool_id if ID_RE.fullmatch(tool_id) and normalise(remote_name).strip("_") else None
 
 
+def listing_tenant(
+    server: McpServer, slug: str | None, progress: Callable[[str], None] = lambda line: None
+) -> Tenant | None:
+    """Whose credential lists an HTTP server's tools: the named tenant's, else the only one.
+
+    A server may refuse even tools/list without credentials, and credentials are only ever
+    a tenant's (a connection, through the broker's header rules). With several tenants'
+    credentials and none named, picking one would be a guess: refused.
+    """
+    if server.transport != Transport.HTTP:
+        if slug is not None:
+            raise CredentialChoice(f"{server.name} runs over stdio: it takes no credentials")
+        return None
+    credentials = server.credentials.select_related("tenant").order_by("tenant__slug")
+    if slug is not None:
+        credential = credentials.filter(tenant__slug=slug).first()
+        if credential is None:
+            known = Tenant.objects.filter(slug=slug).exists()
+            raise CredentialChoice(
+                f"tenant {slug!r} has no credential for {server.name} (add one on the "
+                "server's admin page)"
+                if known
+                else f"no tenant {slug!r}"
+            )
+        progress(f"{server.name}: listing with the credential of tenant {slug}")
+        return credential.tenant
+    found = list(credentials[:6])
+    if not found:
+        return None
+    if len(found) > 1:
+        slugs = ", ".join(c.tenant.slug for c in found[:5]) + (", ..." if len(found) > 5 else "")
+        raise CredentialChoice(
+            f"{server.name} has credentials of several tenants ({slugs}); choose whose "
+            f"lists its tools: manage.py mcp_sync {server.name} --tenant <slug>"
+        )
+    progress(f"{server.name}: listing with the only credential, tenant {found[0].tenant.slug}'s")
+    return found[0].tenant
+
+
 def sync_server(
-    server: McpServer, progress: Callable[[str], None] = lambda line: None
+    server: McpServer,
+    progress: Callable[[str], None] = lambda line: None,
+    tenant: str | None = None,
 ) -> SyncReport:
+    """Import what `server` declares, listing with `tenant`'s credential (a slug) or, when
+    none is named, as listing_tenant decides."""
     report = SyncReport(server=server.name)
+    credential_tenant = listing_tenant(server, tenant, progress)
+    report.tenant = credential_tenant.slug if credential_tenant is not None else ""
     progress(f"{server.name}: listing tools")
     try:
-        listed = pool.list_tools(endpoint_for(server, None), timeout=server.timeout_ms / 1000)
+        endpoint = endpoint_for(server, credential_tenant)
+        listed = pool.list_tools(endpoint, timeout=server.timeout_ms / 1000)
     except (ServerUnavailable, ServerTimeout, RemoteError, ToolError) as exc:
         reason = (
             f"no answer within {server.timeout_ms} ms"
@@ -220,14 +272,16 @@ def accept_change(row: McpTool) -> None:
     apply_to_catalog(row)
 
 
-def sync_on_list_changed(server_name: str) -> None:
-    """notifications/tools/list_changed: re-sync (which never enables anything)."""
+def sync_on_list_changed(endpoint: Endpoint) -> None:
+    """notifications/tools/list_changed: re-sync (which never enables anything), with the
+    credential of the session that heard it."""
     from django.db import close_old_connections
 
+    server_name = endpoint.server
     try:
         server = McpServer.objects.filter(name=server_name, enabled=True).first()
         if server is not None:
-            sync_server(server)
+            sync_server(server, tenant=endpoint.tenant or None)
     except Exception as exc:
         logger.warning("re-sync of MCP server %s failed: %s", server_name, type(exc).__name__)
     finally:

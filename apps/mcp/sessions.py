@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
 logger = logging.getLogger(__name__)
+CREDENTIALS = "it needs credentials (a tenant's connection on the server's page; mcp_sync --tenant)"
 
 
 class ServerUnavailable(Exception):
@@ -57,6 +58,9 @@ class Endpoint:
     argv: tuple[str, ...] = ()
     url: str = ""
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Whose credential the headers are (a tenant's slug, or ""): a list_changed notice
+    # re-syncs with the same credential. Not part of the key: the headers are.
+    tenant: str = ""
 
     @property
     def key(self) -> str:
@@ -67,8 +71,9 @@ class Endpoint:
 class _Session:
     """One live session, owned by its own task on the pool's loop."""
 
-    def __init__(self, endpoint: Endpoint, on_list_changed: Callable[[str], None]) -> None:
+    def __init__(self, endpoint: Endpoint, on_list_changed: Callable[[Endpoint], None]) -> None:
         self.endpoint = endpoint
+        self.refused: int | None = None  # an HTTP 401/403 seen while starting
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.closing = asyncio.Event()
         self._on_list_changed = on_list_changed
@@ -88,7 +93,10 @@ class _Session:
                 await self.closing.wait()
         except BaseException as exc:  # any failure ends this session only
             if not self.ready.done():
-                self.ready.set_exception(ServerUnavailable(_describe(exc)))
+                reason = _describe(exc)
+                if self.refused is not None:
+                    reason = f"the server refused the request (HTTP {self.refused}): {CREDENTIALS}"
+                self.ready.set_exception(ServerUnavailable(reason))
             if isinstance(exc, asyncio.CancelledError):
                 return
         finally:
@@ -100,11 +108,18 @@ class _Session:
             params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
             return stdio_client(params, errlog=_DEVNULL)
         client = create_mcp_http_client(headers=dict(endpoint.headers))
+        client.event_hooks["response"].append(self._note_refusal)
         return _http(endpoint.url, client)
+
+    async def _note_refusal(self, response: Any) -> None:
+        """The SDK turns any HTTP error into one generic message; keep 401/403 apart so a
+        server that needs credentials says so."""
+        if response.status_code in (401, 403) and not self.ready.done():
+            self.refused = response.status_code
 
     async def _incoming(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
-            self._on_list_changed(self.endpoint.server)
+            self._on_list_changed(self.endpoint)
 
     @property
     def alive(self) -> bool:
@@ -148,7 +163,7 @@ class Pool:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: dict[str, _Session] = {}
-        self.list_changed: Callable[[str], None] = lambda server: None
+        self.list_changed: Callable[[Endpoint], None] = lambda endpoint: None
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -189,8 +204,8 @@ class Pool:
             self._sessions.pop(endpoint.key, None)
             raise
 
-    def _list_changed(self, server: str) -> None:
-        threading.Thread(target=self.list_changed, args=(server,), daemon=True).start()
+    def _list_changed(self, endpoint: Endpoint) -> None:
+        threading.Thread(target=self.list_changed, args=(endpoint,), daemon=True).start()
 
     async def _drop(self, endpoint: Endpoint) -> None:
         live = self._sessions.pop(endpoint.key, None)

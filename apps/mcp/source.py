@@ -135,7 +135,12 @@ def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
     if credential is not None:
         connection = credential.connection
         headers = _auth_headers(connection.kind, connection.read_secret())
-    return Endpoint(server=server.name, url=server.url, headers=tuple(sorted(headers.items())))
+    return Endpoint(
+        server=server.name,
+        url=server.url,
+        headers=tuple(sorted(headers.items())),
+        tenant=tenant.slug if credential is not None and tenant is not None else "",
+    )
 
 
 def _executor(server_pk: int, remote_name: str) -> Execute:

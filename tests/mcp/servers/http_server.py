@@ -1,8 +1,13 @@
-"""A streamable HTTP MCP server (official SDK) for tests: python http_server.py PORT."""
+"""A streamable HTTP MCP server (official SDK) for tests: python http_server.py PORT [TOKEN].
+
+With TOKEN, every request without `Authorization: Bearer TOKEN` is refused with HTTP 401,
+tools/list included: a server that cannot even be discovered without a tenant's credential.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
@@ -22,7 +27,22 @@ def whoami(ctx: Context) -> str:
     return str(headers.get("authorization", "anonymous"))
 
 
+def bearer_only(inner: Any, token: str) -> Any:
+    """Plain ASGI: HTTP requests must carry the bearer token, or get 401."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b"credentials required"})
+            return
+        await inner(scope, receive, send)
+
+    return guarded
+
+
 if __name__ == "__main__":
-    uvicorn.run(
-        app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning"
-    )
+    asgi = app.streamable_http_app()
+    if len(sys.argv) > 2:
+        asgi = bearer_only(asgi, sys.argv[2])
+    uvicorn.run(asgi, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

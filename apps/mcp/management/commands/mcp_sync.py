@@ -13,8 +13,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?")
+        parser.add_argument(
+            "--tenant",
+            help="list an HTTP server's tools with this tenant's credential (needs a name; "
+            "by default the server's only credential, if it has exactly one)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["tenant"] is not None and not options["name"]:
+            raise CommandError("--tenant needs the name of one server")
         servers = McpServer.objects.filter(enabled=True)
         if options["name"]:
             servers = servers.filter(name=options["name"])
@@ -23,7 +30,7 @@ class Command(BaseCommand):
         failed = []
         for server in servers:
             try:
-                sync_server(server, progress=self.stdout.write)
+                sync_server(server, progress=self.stdout.write, tenant=options["tenant"])
             except SyncFailed as exc:
                 self.stderr.write(f"{server.name}: {exc}")
                 failed.append(server.name)
