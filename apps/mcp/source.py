@@ -11,8 +11,10 @@ pooled session, under the runner's deadline.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from apps.connections.broker import _auth_headers
+from apps.connections.netguard import host_allowed
 from apps.mcp.models import (
     CommandNotAllowed,
     McpServer,
@@ -134,6 +136,13 @@ def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
     )
     if credential is not None:
         connection = credential.connection
+        # A credential goes only where its connection may send it, as for http_request.
+        host = urlsplit(server.url).hostname or ""
+        if not host_allowed(host.lower(), list(connection.allowed_hosts or [])):
+            raise ToolUnavailable(
+                f"The connection {connection.name!r} may not send its credentials to "
+                f"{host!r} (not in its allowed hosts)."
+            )
         headers = _auth_headers(connection.kind, connection.read_secret())
     return Endpoint(
         server=server.name,

@@ -102,6 +102,24 @@ def test_http_credentials_come_from_the_tenants_connection_not_from_arguments(ht
     assert globex_body["result"]["content"][0]["text"] == "anonymous"
 
 
+def test_a_credential_is_never_sent_to_a_server_outside_its_allowed_hosts(http_server):
+    call_command("mcp_add", "calc", "--url", http_server, stdout=io.StringIO())
+    call_command("mcp_sync", "calc", stdout=io.StringIO())
+    enable("mcp__calc__whoami")
+    acme = make_agent("acme")
+    allow(acme.tenant, "mcp__calc__whoami")
+    connection = Connection(tenant=acme.tenant, name="calc", kind="bearer")
+    connection.allowed_hosts = ["api.example.com"]
+    connection.set_secret(token="acme-calc-token")
+    connection.save()
+    server = McpServer.objects.get(name="calc")
+    McpServerCredential.objects.create(server=server, tenant=acme.tenant, connection=connection)
+    body = acme.invoke("mcp__calc__whoami").json()
+    assert body["ok"] is False and body["errorCode"] == "unavailable", body
+    assert "allowed hosts" in body["safeMessage"]
+    assert "acme-calc-token" not in str(body)
+
+
 def test_a_url_that_does_not_speak_mcp_fails_the_sync_with_a_clear_error(tmp_path):
     port = free_port()
     (tmp_path / "mcp").write_text("this is not JSON, nor MCP")
