@@ -79,7 +79,9 @@ def emit(
     **fields: Any,
 ) -> EventMessage:
     at = at or timezone.now()
-    with transaction.atomic():
+    # Inside the caller's transaction (the runner's record and its event) no savepoint of
+    # its own: an error rolls the whole transaction back anyway (issue 13: round trips).
+    with transaction.atomic(savepoint=False):
         seq = Run.objects.next_seq(tenant, run_id)
         message: EventMessage = {
             "v": EVENT_VERSION,

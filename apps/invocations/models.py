@@ -7,8 +7,7 @@ import secrets
 import uuid
 from datetime import timedelta
 
-from django.db import models
-from django.db.models import F
+from django.db import IntegrityError, connections, models, transaction
 from django.utils import timezone
 
 from apps.tenants.models import ApiKey, Tenant
@@ -137,10 +136,26 @@ class RunQuerySet(models.QuerySet["Run"]):
 
         The UPDATE locks the run's row until commit, so concurrent emitters on
         one run take numbers one after another and commit in that order.
+        One statement for a run that has events (UPDATE ... RETURNING, SQLite 3.35+ and
+        PostgreSQL), two for its first: every call emits two events (issue 13).
         """
-        run, _ = self.get_or_create(tenant=tenant, run_id=run_id)
-        self.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
-        return self.filter(pk=run.pk).values_list("last_seq", flat=True).get()
+        db = connections[self.db]
+        quote = db.ops.quote_name
+        with db.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {quote(Run._meta.db_table)} SET last_seq = last_seq + 1 "  # noqa: S608
+                "WHERE tenant_id = %s AND run_id = %s RETURNING last_seq",
+                [tenant.pk, run_id],
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            return int(row[0])
+        try:
+            with transaction.atomic(using=self.db):
+                self.create(tenant=tenant, run_id=run_id, last_seq=1)
+        except IntegrityError:  # a concurrent emitter created it first: its row, our number
+            return self.next_seq(tenant, run_id)
+        return 1
 
 
 class Run(models.Model):

@@ -650,6 +650,7 @@ def record_start(call: Call) -> InvocationRecord | None:
                 status=Status.RUNNING,
                 started_at=now,
             )
+            _no_approval(call.record)
             _emit_start(call, now)
     except IntegrityError:
         call.record = None
@@ -816,6 +817,7 @@ def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
             call.record = InvocationRecord.objects.create(
                 **_record_fields(call), status=Status.FAILED, started_at=call.received_at
             )
+            _no_approval(call.record)
             _emit_start(call, call.received_at)
         elif call.record.started_at is None:  # a held call that ends without running
             call.record.started_at = timezone.now()
@@ -824,6 +826,12 @@ def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
 
 
 # ---------------------------------------------------------------- records and events
+
+
+def _no_approval(record: InvocationRecord) -> None:
+    """A record the runner just created without holding it has no ApprovalRequest: say so
+    to the ORM, so the response's `approvalId` costs no query (issue 13)."""
+    InvocationRecord.approval.related.set_cached_value(record, None)
 
 
 def _record_fields(call: Call) -> dict[str, Any]:

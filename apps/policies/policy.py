@@ -72,14 +72,15 @@ VERDICT_WORDS: dict[str, str] = {
 
 
 class Evaluator:
-    """The policies in force for one caller, loaded once (two queries), decided per tool."""
+    """The policies in force for one caller, loaded once (three queries), decided per tool."""
 
     def __init__(self, tenant: Tenant, principal: str, user: User | None) -> None:
-        group_ids = list(user.groups.values_list("pk", flat=True)) if user is not None else []
+        # The user's groups as a subquery, not a query of their own (issue 13).
+        in_groups = Q(group__in=user.groups.all()) if user is not None else Q(pk__in=[])
         self.principal = principal
         self.policies = list(
             Policy.objects.in_force(tenant)
-            .filter(Q(group__isnull=True) | Q(group__in=group_ids))
+            .filter(Q(group__isnull=True) | in_groups)
             .filter(Q(principal="") | Q(principal=principal))
             .order_by("pk")
             .prefetch_related(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.contrib.auth.models import Permission
+from django.db.models import Q
 from guardian.shortcuts import get_objects_for_user
 
 from apps.tools.models import Tool, ToolQuerySet
@@ -21,7 +23,29 @@ DECIDE = "tools.decide_approval"
 
 
 def can_execute(user: User, tool: Tool) -> bool:
-    return user.is_active and (user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool))
+    """What `user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool)` answers (ModelBackend's
+    global permission, guardian's object permission, each direct or through a group), in
+    one query instead of their four: this runs on every call (issue 13). Nothing is cached,
+    so an admin's revocation holds on the next call in every process."""
+    if not user.is_active:
+        return False
+    if user.is_superuser:
+        return True
+    app_label, codename = EXECUTE.split(".")
+    on_tool = str(tool.pk)
+    return (
+        Permission.objects.filter(content_type__app_label=app_label, codename=codename)
+        .filter(
+            Q(user=user)
+            | Q(group__user=user)
+            | Q(userobjectpermission__user=user, userobjectpermission__object_pk=on_tool)
+            | Q(
+                groupobjectpermission__group__user=user,
+                groupobjectpermission__object_pk=on_tool,
+            )
+        )
+        .exists()
+    )
 
 
 def executable_tools(user: User) -> ToolQuerySet:

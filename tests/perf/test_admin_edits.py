@@ -1,0 +1,82 @@
+"""An admin's edit holds on the very next call in every process (issue 13): the call path
+may get faster, but never by remembering what a principal was allowed a moment ago.
+
+Two Daphne processes serve the same database; the edits are made through the ORM in the
+test's process, as the admin site would, and each server is asked right after."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from guardian.shortcuts import assign_perm, remove_perm
+
+from apps.policies.models import PolicyRule
+from apps.tenants.principals import agents_group
+from apps.tools.models import Tool
+from tests.conftest import Agent, allow, make_agent
+from tests.support.server import Server, daphne
+
+TOOL = "core__get_current_time"
+
+
+@pytest.fixture
+def servers(transactional_db: None) -> Iterator[tuple[Server, Server]]:
+    with daphne() as first, daphne() as second:
+        yield first, second
+
+
+def call(base: str, agent: Agent) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{base}/api/v1/invocations/",
+        data=json.dumps({"toolId": TOOL}).encode(),
+        headers={"Authorization": f"Bearer {agent.key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body: dict[str, Any] = json.loads(response.read())
+    return body
+
+
+def outcomes(servers: tuple[Server, Server], agent: Agent) -> list[str]:
+    """What each server answers now: "ok" or the error code; twice each, so a server
+    that answered from a cache filled by the first call would show it on the second."""
+    answers = []
+    for base in (*servers, *servers):
+        body = call(base, agent)
+        answers.append("ok" if body["ok"] else body["errorCode"])
+    return answers
+
+
+@pytest.mark.server
+def test_it_applies_an_admins_edit_on_the_next_call_in_every_process(
+    servers: tuple[Server, Server],
+) -> None:
+    agent = make_agent("acme")
+    policy = allow(agent.tenant, TOOL)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    Tool.objects.filter(pk=TOOL).update(enabled=False)  # staff disable the tool
+    assert outcomes(servers, agent) == ["unavailable"] * 4
+    Tool.objects.filter(pk=TOOL).update(enabled=True)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    tool = Tool.objects.get(pk=TOOL)
+    remove_perm("tools.execute_tool", agents_group(agent.tenant), tool)  # revoke execute_tool
+    assert outcomes(servers, agent) == ["authz_denied"] * 4
+    assign_perm("tools.execute_tool", agents_group(agent.tenant), tool)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    rule = PolicyRule(policy=policy, tool_pattern=TOOL, condition="true", outcome="deny")
+    rule.full_clean()
+    rule.save()  # a rule that denies every call of the tool
+    assert outcomes(servers, agent) == ["policy_denied"] * 4
+    rule.condition = "false"  # the rule changed: it no longer matches
+    rule.save()
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    policy.tools.remove(tool)  # the policy no longer lists it: deny by default
+    assert outcomes(servers, agent) == ["policy_denied"] * 4
