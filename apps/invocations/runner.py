@@ -467,11 +467,11 @@ def validate_args(call: Call) -> None:
     assert call.registered is not None and call.tool is not None
     if call.args_problem is not None:
         raise call.args_problem
-    encoded = json.dumps(call.raw_args, separators=(",", ":"), ensure_ascii=False)
-    if len(encoded.encode()) > MAX_ARGS_BYTES:
+    encoded = _COMPACT.encode(call.raw_args)
+    size = len(encoded.encode())
+    if size > MAX_ARGS_BYTES:
         raise Refusal(
-            ErrorCode.VALIDATION,
-            f"The arguments are {len(encoded.encode())} bytes; the limit is {MAX_ARGS_BYTES}.",
+            ErrorCode.VALIDATION, f"The arguments are {size} bytes; the limit is {MAX_ARGS_BYTES}."
         )
     try:
         call.params = call.registered.contract.params.model_validate_json(encoded, strict=True)
@@ -482,9 +482,15 @@ def validate_args(call: Call) -> None:
     )
 
 
+# Made once: json.dumps with any option builds a new encoder per call (issue 13). They
+# write exactly what json.dumps(..., same options) writes: stored hashes stay valid.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_CANONICAL = json.JSONEncoder(sort_keys=True)
+
+
 def request_hash(tool_id: str, args: dict[str, Any], connection_id: str) -> str:
     """What an idempotency key and an approval are bound to: tool, args, connection."""
-    canonical = json.dumps([tool_id, args, connection_id or ""], sort_keys=True)
+    canonical = _CANONICAL.encode([tool_id, args, connection_id or ""])
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
