@@ -118,13 +118,23 @@ def remember_server_loop() -> None:
     _server_loop = asyncio.get_running_loop()
 
 
+# Sends scheduled on a loop from sync code running on it, kept until done (no GC mid-send).
+_scheduled: set[asyncio.Task[None]] = set()
+
+
 def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
     loop = _server_loop
     try:
-        on_loop_thread = asyncio.get_running_loop() is loop
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
-        on_loop_thread = False
-    if loop is not None and loop.is_running() and not on_loop_thread:
+        running = None
+    if running is not None:
+        # Sync code called from a coroutine (async_to_sync cannot run there): the send
+        # becomes a task of that loop.
+        task = running.create_task(layer.group_send(group, envelope))
+        _scheduled.add(task)
+        task.add_done_callback(_scheduled.discard)
+    elif loop is not None and loop.is_running():
         asyncio.run_coroutine_threadsafe(layer.group_send(group, envelope), loop).result(timeout=10)
     else:
         async_to_sync(layer.group_send)(group, envelope)
