@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
@@ -20,6 +18,7 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import OPERATOR_PASSWORD, TIMEOUT_MS
 from tests.conftest import allow, make_agent
+from tests.support.http import api
 from tests.support.server import daphne
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -33,20 +32,6 @@ SERVER_ENV = {
     "DJANGO_ALLOW_ASYNC_UNSAFE": "",
 }
 TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-def api(base: str, key: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"{base}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method=method,
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
 
 
 def submit(base: str, key: str, tool_id: str, **body: Any) -> dict[str, Any]:

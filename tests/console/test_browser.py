@@ -4,10 +4,7 @@ and pixels. Screenshots go to $TOOLHUB_BROWSER_SCREENSHOTS, or <var dir>/screens
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import OPERATOR_PASSWORD, TIMEOUT_MS
 from tests.conftest import allow, make_agent
+from tests.support.http import api
 from tests.support.server import daphne
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -37,17 +35,7 @@ def screenshot(page: Page, name: str) -> None:
 
 
 def call(base: str, key: str, tool_id: str, **body: Any) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"{base}/api/v1/invocations/",
-        data=json.dumps({"toolId": tool_id, **body}).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
+    return api(base, key, "POST", "/api/v1/invocations/", {"toolId": tool_id, **body})
 
 
 def log_in(page: Page, username: str, next_path: str) -> None:

@@ -7,12 +7,8 @@ $TOOLHUB_BROWSER_SCREENSHOTS, or <var dir>/screenshots.
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -23,6 +19,7 @@ from apps.policies.setup import grant_tool
 from apps.tools.models import Tool
 from tests.connections import HTTP, local_server
 from tests.setup.conftest import PASSWORD, build_setting
+from tests.support.http import api
 from tests.support.server import daphne
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -34,20 +31,6 @@ def screenshot(page: Page, name: str) -> None:
     folder = Path(os.environ.get("TOOLHUB_BROWSER_SCREENSHOTS") or settings.VAR_DIR / "screenshots")
     folder.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(folder / f"setup-{name}.png"), full_page=True)
-
-
-def api(base: str, key: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"{base}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method=method,
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
 
 
 def log_in(page: Page, username: str, next_path: str) -> None:
