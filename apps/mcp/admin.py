@@ -17,24 +17,7 @@ from django.utils.html import format_html
 from apps.mcp import discovery
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
 from apps.mcp.sessions import pool
-from apps.tenants.admin import SuperuserOnlyChanges
-from apps.tenants.scoping import is_superuser
-
-
-class SuperusersOnly(SuperuserOnlyChanges):
-    """Rows of no tenant that reach every tenant: invisible to tenant staff."""
-
-    def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.none()
-
-    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return is_superuser(request.user)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return is_superuser(request.user)
+from apps.tenants.admin import SuperusersOnly
 
 
 class CredentialInline(admin.TabularInline[McpServerCredential, McpServer]):

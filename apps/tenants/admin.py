@@ -413,9 +413,9 @@ class ScopedGroupAdmin(SuperuserOnlyChanges, GroupAdmin):
         return visible_groups(request.user).filter(pk=obj.pk).exists()
 
 
-@admin.register(DBTaskResult)
-class ScopedTaskResultAdmin(SuperuserOnlyChanges, DBTaskResultAdmin):
-    """Task results belong to no tenant and carry any tenant's ids: superusers only."""
+class SuperusersOnly(SuperuserOnlyChanges):
+    """Rows of no tenant that reach every tenant (task results, MCP servers): invisible
+    to tenant staff."""
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.none()
@@ -428,3 +428,8 @@ class ScopedTaskResultAdmin(SuperuserOnlyChanges, DBTaskResultAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return is_superuser(request.user)
+
+
+@admin.register(DBTaskResult)
+class ScopedTaskResultAdmin(SuperusersOnly, DBTaskResultAdmin):
+    """Task results belong to no tenant and carry any tenant's ids: superusers only."""
