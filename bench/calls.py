@@ -1,18 +1,24 @@
 """Call-path benchmark (issue 13): what a tool call costs on toolhub as deployed.
 
-    .venv/bin/python bench/calls.py                # full run (many minutes: 100k calls)
-    .venv/bin/python bench/calls.py --quick        # reduced counts, about a minute
-    .venv/bin/python bench/calls.py --contextforge # add ContextForge's row (scratch venv)
+    .venv/bin/python bench/calls.py                      # full run, SQLite (100k calls: long)
+    .venv/bin/python bench/calls.py --database postgres  # the scale-out deployment
+    .venv/bin/python bench/calls.py --quick              # reduced counts, a few minutes
+    .venv/bin/python bench/calls.py --servers            # add Daphne vs uvicorn, hypercorn, granian
+    .venv/bin/python bench/calls.py --contextforge       # add ContextForge's row (scratch venv)
 
-It starts one Daphne (`daphne toolhub.asgi:application`, not in debug mode) on a throwaway
-SQLite database, or on DATABASE_URL when one is given (PostgreSQL), and a keep-alive HTTP
-upstream on 127.0.0.1 in a process of its own. It then measures, side by side in the same
-run, and prints every figure with its goal and whether it is met:
+Embedded mode (default): throwaway SQLite in a temp dir and the in-memory channel layer.
+Scale-out mode (--database postgres): a throwaway PostgreSQL server of its own (unix socket
+in a temp dir) and a throwaway redis-server (the scale-out deployment's channel layer), or
+the PostgreSQL of DATABASE_URL when one is set. It starts one Daphne (`daphne
+toolhub.asgi:application`, not in debug mode) and a keep-alive HTTP upstream on 127.0.0.1
+in a process of its own, then measures, side by side in the same run, and prints every
+figure with its goal and whether it is met:
 
   1 no-op call (core__get_current_time) p50 added over the bare endpoint; its p99/p50
   2 core__http_request on the local upstream: p50 added over direct upstream + bare
   3 20 concurrent clients: no-op and catalog throughput as a share of the bare
-    endpoint's; p99/p50 of the no-op under that load
+    endpoint's; p99/p50 of the no-op under that load; one Daphne process per core
+    (all sharing one listening socket) against one process: no-op throughput ratio
   4 50 concurrent calls to a tool that waits 1 s: wall time
   5 argument validation (the runner's validate_args) for a 10-field schema, p50
   7 Daphne's RSS after the long run over its RSS after the short one
@@ -20,7 +26,7 @@ run, and prints every figure with its goal and whether it is met:
 The bare endpoint is GET /api/v1/invocations/<id>/ (API key authentication, one SELECT,
 the record's serializer): the cheapest real authenticated DRF endpoint toolhub has.
 Goals 6 and 8 have their own benches (decision.py, fanout.py). Writes JSON to
-bench/results/calls-<date>.json. Nothing here asserts on timings.
+bench/results/calls-<date>-<database>.json. Nothing here asserts on timings.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import glob
 import http.client
 import json
 import os
 import platform
 import secrets
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -53,8 +62,10 @@ if str(ROOT) not in sys.path:
 from bench.fanout import (  # noqa: E402  (after the path is set)
     BenchError,
     code_version,
+    cpu_seconds,
     free_port,
     load_average,
+    redis_server,
     stop,
     tail,
 )
@@ -181,13 +192,128 @@ def wait_for(port: int, path: str, process: subprocess.Popen[bytes], what: str) 
 
 
 @contextlib.contextmanager
-def process(command: list[str], env: dict[str, str], log_path: Path) -> Iterator[Any]:
+def process(
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    pass_fds: tuple[int, ...] = (),
+    cwd: Path = ROOT,
+) -> Iterator[Any]:
     with log_path.open("ab") as sink:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)  # noqa: S603
+        proc = subprocess.Popen(  # noqa: S603
+            command, cwd=cwd, env=env, stdout=sink, stderr=sink, pass_fds=pass_fds
+        )
     try:
         yield proc
     finally:
         stop(proc, command[0])
+
+
+def daphne_command(port: int = 0, fd: int = -1) -> list[str]:
+    """Daphne as deployed (docs/deployment.md): on a port, or on an inherited socket."""
+    where = ["--fd", str(fd)] if fd >= 0 else ["-b", "127.0.0.1", "-p", str(port)]
+    return [str(VENV_BIN / "daphne"), *where, "toolhub.asgi:application"]
+
+
+def listening_socket() -> socket.socket:
+    """One listening socket for several server processes: each inherits it and accepts
+    on it (the kernel hands every new connection to one of them)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextlib.contextmanager
+def daphne_pool(env: dict[str, str], work: Path, count: int) -> Iterator[tuple[int, list[Any]]]:
+    """`count` Daphne processes sharing one listening socket; yields (port, processes) once
+    every one of them has answered a request (its access log line shows it)."""
+    sock = listening_socket()
+    port = int(sock.getsockname()[1])
+    logs = [work / f"daphne-{count}x-{index}.log" for index in range(count)]
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                process(daphne_command(fd=sock.fileno()), env, log, pass_fds=(sock.fileno(),))
+            )
+            for log in logs
+        ]
+        sock.close()  # the children hold it now
+        deadline = time.monotonic() + 90
+
+        def all_answered() -> bool:
+            return all(log.exists() and b"/healthz" in log.read_bytes() for log in logs)
+
+        while not all_answered():
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise BenchError(f"daphne exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"{count} Daphne processes did not all answer within 90 s")
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/healthz", headers={"Connection": "close"})
+                conn.getresponse().read()
+                conn.close()
+            time.sleep(0.05)
+        yield port, procs
+
+
+def pg_bin_dir() -> Path:
+    for candidate in [
+        os.environ.get("PG_BIN", ""),
+        "/usr/lib/postgresql/15/bin",
+        *sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True),
+    ]:
+        if candidate and (Path(candidate) / "pg_ctl").exists():
+            return Path(candidate)
+    raise BenchError(
+        "--database postgres needs the PostgreSQL server binaries (initdb, pg_ctl; "
+        "Debian/Ubuntu: `apt-get install postgresql-15`), or DATABASE_URL set to a server"
+    )
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL server: its data and its unix socket in a temp dir under /tmp
+    (socket paths are limited to ~107 bytes), no TCP listener, default durability (fsync,
+    synchronous_commit: as deployed). PostgreSQL refuses to run as root, so as root its
+    tools run as the postgres user. Yields the DATABASE_URL."""
+    binaries = pg_bin_dir()
+    base = Path(tempfile.mkdtemp(prefix="toolhub-bench-pg-", dir="/tmp"))
+    base.chmod(0o755)
+    as_root = os.geteuid() == 0
+    if as_root:
+        shutil.chown(base, "postgres", "postgres")
+
+    def pg(*args: str) -> None:
+        command = [str(binaries / args[0]), *args[1:]]
+        if as_root:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        done = subprocess.run(  # noqa: S603
+            command, cwd=base, capture_output=True, text=True, timeout=120, check=False
+        )
+        if done.returncode:
+            raise BenchError(
+                f"{args[0]} failed: {done.stderr.strip()[-500:]}\n{tail(base / 'log')}"
+            )
+
+    data = str(base / "data")
+    started = False
+    try:
+        pg("initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
+        options = f"-k {base} -c listen_addresses='' -c max_connections=300"
+        pg("pg_ctl", "-D", data, "-o", options, "-w", "-t", "60", "-l", str(base / "log"), "start")
+        started = True
+        pg("createdb", "-h", str(base), "-U", "postgres", "toolhub")
+        yield f"postgresql://postgres@{str(base).replace('/', '%2F')}/toolhub"
+    finally:
+        if started:
+            with contextlib.suppress(BenchError, subprocess.TimeoutExpired):
+                pg("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "30", "stop")
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def rss_kb(pid: int) -> int:
@@ -228,7 +354,7 @@ class Client:
         started = time.perf_counter()
         status, payload = self.request(method, path, body)
         elapsed = (time.perf_counter() - started) * 1000
-        if status >= 300 or (b'"ok":false' in payload):
+        if status >= 300 or b'"ok":false' in payload or b'"isError":true' in payload:
             raise BenchError(f"{method} {path} -> {status}: {payload[:300]!r}")
         return elapsed
 
@@ -368,7 +494,7 @@ def validation_p50_us(samples: int) -> tuple[float, float]:
     return round(statistics.median(schema_times), 2), round(statistics.median(times), 2)
 
 
-def machine() -> dict[str, Any]:
+def machine(database: str = "sqlite") -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -376,9 +502,19 @@ def machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions = {}
-    for package in ("django", "djangorestframework", "daphne", "channels", "pydantic"):
+    for package in ("django", "djangorestframework", "daphne", "channels", "channels-redis",
+                    "pydantic", "psycopg"):  # fmt: skip
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
+    if database == "postgresql":
+        for name, command in (
+            ("postgresql", [str(pg_bin_dir() / "postgres"), "--version"]),
+            ("redis-server", [shutil.which("redis-server") or "redis-server", "--version"]),
+        ):
+            with contextlib.suppress(OSError, BenchError):
+                versions[name] = subprocess.run(  # noqa: S603
+                    command, capture_output=True, text=True, check=False
+                ).stdout.strip()
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu,
@@ -390,156 +526,48 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
+def deployment(
+    options: argparse.Namespace, work: Path, stack: contextlib.ExitStack
+) -> dict[str, str]:
+    """The server environment of the chosen mode, its database and Redis started on `stack`."""
+    env = server_env(work)
+    given = env.get("DATABASE_URL", "")
+    if options.database == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{work / 'toolhub.sqlite3'}"
+        return env
+    # Scale-out: PostgreSQL, and Redis because several web processes only share events
+    # through it (docs/deployment.md); a call publishes its events there.
+    env["DATABASE_URL"] = (
+        given if given.startswith("postgres") else stack.enter_context(postgres_server())
+    )
+    env["REDIS_URL"] = stack.enter_context(redis_server(work))
+    return env
+
+
 def run(options: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="toolhub-bench-calls-"))
-    env = server_env(work)
-    database = "postgresql" if env.get("DATABASE_URL", "").startswith("postgres") else "sqlite"
-    if database == "sqlite":
-        env["DATABASE_URL"] = f"sqlite:///{work / 'toolhub.sqlite3'}"
-    log(f"state in {work} ({database})")
-    key, connection_id = prepare(env, work / "setup.log")
-    port, upstream_port = free_port(), free_port()
-    daphne_cmd = [
-        str(VENV_BIN / "daphne"),
-        "-b",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "toolhub.asgi:application",
-    ]
-    upstream_cmd = [sys.executable, "-c", UPSTREAM_CODE, str(upstream_port)]
+    database = "postgresql" if options.database == "postgres" else "sqlite"
     figures: list[Figure] = []
     raw: dict[str, Any] = {}
     try:
-        with (
-            process(upstream_cmd, env, work / "upstream.log") as upstream,
-            process(daphne_cmd, env, work / "daphne.log") as daphne,
-        ):
+        with contextlib.ExitStack() as stack:
+            env = deployment(options, work, stack)
+            log(f"state in {work} ({database}{', redis' if 'REDIS_URL' in env else ''})")
+            key, connection_id = prepare(env, work / "setup.log")
+            upstream_port = free_port()
+            upstream_cmd = [sys.executable, "-c", UPSTREAM_CODE, str(upstream_port)]
+            upstream = stack.enter_context(process(upstream_cmd, env, work / "upstream.log"))
             wait_for(upstream_port, "/", upstream, "upstream")
-            wait_for(port, "/healthz", daphne, "daphne")
-            client = Client(port, key)
-            status, body = client.request("POST", "/api/v1/invocations/", {"toolId": NOOP})
-            if status != 200:
-                raise BenchError(f"warm-up call failed: {status} {body[:300]!r}")
-            record_id = json.loads(body)["invocationId"]
-            upstream_url = f"http://127.0.0.1:{upstream_port}/"
-            targets = {
-                "bare": Target("GET", f"/api/v1/invocations/{record_id}/"),
-                "noop": Target("POST", "/api/v1/invocations/", {"toolId": NOOP}),
-                "http": Target(
-                    "POST",
-                    "/api/v1/invocations/",
-                    {"toolId": HTTP, "connectionId": connection_id, "args": {"url": upstream_url}},
-                ),
-                "catalog": Target("GET", "/api/v1/tools/"),
-            }
-            sequential(client, targets, options.warmup)
-            raw["load_before"] = load_average()
-            seq = sequential(client, targets, options.calls)
-            direct = Client(upstream_port)
-            direct_ms = [direct.timed("GET", "/") for _ in range(options.calls)]
-            p50 = {name: pct(times, 50) for name, times in seq.items()}
-            p50["direct"] = pct(direct_ms, 50)
-            raw["sequential"] = {
-                name: {"p50_ms": round(pct(t, 50), 3), "p99_ms": round(pct(t, 99), 3)}
-                for name, t in {**seq, "direct": direct_ms}.items()
-            }
-            noop_p99 = pct(seq["noop"], 99)
-            figures.append(
-                Figure(
-                    "1 no-op call: p50 added over the bare endpoint",
-                    round(p50["noop"] - p50["bare"], 2),
-                    "ms",
-                    1.5,
-                    detail=f"no-op {p50['noop']:.2f} ms, bare {p50['bare']:.2f} ms",
-                )
-            )
-            figures.append(
-                Figure("1 no-op call: p99 / p50", round(noop_p99 / p50["noop"], 2), "x", 3)
-            )
-            figures.append(
-                Figure(
-                    "2 core__http_request: p50 added over direct + bare",
-                    round(p50["http"] - p50["direct"] - p50["bare"], 2),
-                    "ms",
-                    3,
-                    detail=f"http {p50['http']:.2f}, direct {p50['direct']:.2f}",
-                )
-            )
-            load = {
-                name: concurrent(port, key, targets[name], options.clients, options.seconds)
-                for name in ("bare", "noop", "catalog")
-            }
-            raw["concurrent"] = load
-            figures.append(
-                Figure(
-                    f"3 {options.clients} clients: no-op throughput / bare",
-                    round(100 * load["noop"]["per_s"] / load["bare"]["per_s"], 1),
-                    "%",
-                    50,
-                    higher_is_better=True,
-                    detail=f"{load['noop']['per_s']}/s vs {load['bare']['per_s']}/s",
-                )
-            )
-            figures.append(
-                Figure(
-                    f"3 {options.clients} clients: catalog throughput / bare",
-                    round(100 * load["catalog"]["per_s"] / load["bare"]["per_s"], 1),
-                    "%",
-                    80,
-                    higher_is_better=True,
-                    detail=f"{load['catalog']['per_s']}/s",
-                )
-            )
-            figures.append(
-                Figure(
-                    f"3 {options.clients} clients: no-op p99 / p50",
-                    round(load["noop"]["p99_ms"] / load["noop"]["p50_ms"], 2),
-                    "x",
-                    5,
-                )
-            )
-            tally = work / "tally.log"
-            tally.touch()
+            one_daphne(options, env, work, key, connection_id, upstream_port, figures, raw)
+            figures.append(per_core(options, env, work, key, raw))
+            if options.servers:
+                from bench.servers import compare
 
-            def wait_call(i: int) -> float:
-                body = {"toolId": WAIT, "args": {"path": str(tally), "token": f"t{i}", "ms": 1000}}
-                return Client(port, key).timed("POST", "/api/v1/invocations/", body)
-
-            started = time.monotonic()
-            with ThreadPoolExecutor(options.sleepers) as pool:
-                list(pool.map(wait_call, range(options.sleepers)))
-            figures.append(
-                Figure(
-                    f"4 {options.sleepers} concurrent 1 s calls: wall time",
-                    round(time.monotonic() - started, 2),
-                    "s",
-                    1.5,
-                )
-            )
-            short, long = options.memory_calls
-            memory = []
-            for target_calls in (short, long):
-                each = (target_calls - raw.get("memory_done", 0)) // 4
-                with ThreadPoolExecutor(4) as pool:
-                    list(pool.map(client_noop, [(port, key, each)] * 4))
-                raw["memory_done"] = target_calls
-                memory.append(rss_kb(daphne.pid))
-            raw["rss_kb"] = dict(zip((str(short), str(long)), memory, strict=True))
-            figures.append(
-                Figure(
-                    f"7 RSS after {long} calls over RSS after {short}",
-                    round(100 * (memory[1] / memory[0] - 1), 1),
-                    "%",
-                    10,
-                    detail=f"{memory[0]} kB -> {memory[1]} kB",
-                )
-            )
-            raw["load_after"] = load_average()
+                raw["servers"] = compare(env, work, key, options)
+            if options.contextforge:
+                raw["contextforge"] = contextforge_row(work, upstream_port, options)
     finally:
         if not options.keep:
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)
         else:
             log(f"kept {work}")
@@ -553,9 +581,184 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
             detail=f"the runner's whole step 5 with size check and request hash: {step_us} µs",
         )
     )
-    if options.contextforge:
-        raw["contextforge"] = contextforge_row()
     return {"database": database, "figures": figures, "raw": raw}
+
+
+def one_daphne(
+    options: argparse.Namespace,
+    env: dict[str, str],
+    work: Path,
+    key: str,
+    connection_id: str,
+    upstream_port: int,
+    figures: list[Figure],
+    raw: dict[str, Any],
+) -> None:
+    """Goals 1, 2, 3 (one process), 4 and 7 on one Daphne process."""
+    port = free_port()
+    with process(daphne_command(port), env, work / "daphne.log") as daphne:
+        wait_for(port, "/healthz", daphne, "daphne")
+        client = Client(port, key)
+        status, body = client.request("POST", "/api/v1/invocations/", {"toolId": NOOP})
+        if status != 200:
+            raise BenchError(f"warm-up call failed: {status} {body[:300]!r}")
+        record_id = json.loads(body)["invocationId"]
+        upstream_url = f"http://127.0.0.1:{upstream_port}/"
+        targets = {
+            "bare": Target("GET", f"/api/v1/invocations/{record_id}/"),
+            "noop": Target("POST", "/api/v1/invocations/", {"toolId": NOOP}),
+            "http": Target(
+                "POST",
+                "/api/v1/invocations/",
+                {"toolId": HTTP, "connectionId": connection_id, "args": {"url": upstream_url}},
+            ),
+            "catalog": Target("GET", "/api/v1/tools/"),
+            "healthz": Target("GET", "/healthz"),
+        }
+        sequential(client, targets, options.warmup)
+        raw["load_before"] = load_average()
+        seq = sequential(client, targets, options.calls)
+        direct = Client(upstream_port)
+        direct_ms = [direct.timed("GET", "/") for _ in range(options.calls)]
+        p50 = {name: pct(times, 50) for name, times in seq.items()}
+        p50["direct"] = pct(direct_ms, 50)
+        raw["sequential"] = {
+            name: {"p50_ms": round(pct(t, 50), 3), "p99_ms": round(pct(t, 99), 3)}
+            for name, t in {**seq, "direct": direct_ms}.items()
+        }
+        noop_p99 = pct(seq["noop"], 99)
+        figures.append(
+            Figure(
+                "1 no-op call: p50 added over the bare endpoint",
+                round(p50["noop"] - p50["bare"], 2),
+                "ms",
+                1.5,
+                detail=f"no-op {p50['noop']:.2f} ms, bare {p50['bare']:.2f} ms",
+            )
+        )
+        figures.append(Figure("1 no-op call: p99 / p50", round(noop_p99 / p50["noop"], 2), "x", 3))
+        figures.append(
+            Figure(
+                "2 core__http_request: p50 added over direct + bare",
+                round(p50["http"] - p50["direct"] - p50["bare"], 2),
+                "ms",
+                3,
+                detail=f"http {p50['http']:.2f}, direct {p50['direct']:.2f}",
+            )
+        )
+        load = {
+            name: concurrent(port, key, targets[name], options.clients, options.seconds)
+            for name in ("bare", "noop", "catalog", "http")
+        }
+        raw["concurrent"] = load
+        figures.append(
+            Figure(
+                f"3 {options.clients} clients: no-op throughput / bare",
+                round(100 * load["noop"]["per_s"] / load["bare"]["per_s"], 1),
+                "%",
+                50,
+                higher_is_better=True,
+                detail=f"{load['noop']['per_s']}/s vs {load['bare']['per_s']}/s",
+            )
+        )
+        figures.append(
+            Figure(
+                f"3 {options.clients} clients: catalog throughput / bare",
+                round(100 * load["catalog"]["per_s"] / load["bare"]["per_s"], 1),
+                "%",
+                80,
+                higher_is_better=True,
+                detail=f"{load['catalog']['per_s']}/s",
+            )
+        )
+        figures.append(
+            Figure(
+                f"3 {options.clients} clients: no-op p99 / p50",
+                round(load["noop"]["p99_ms"] / load["noop"]["p50_ms"], 2),
+                "x",
+                5,
+            )
+        )
+        tally = work / "tally.log"
+        tally.touch()
+
+        def wait_call(i: int) -> float:
+            body = {"toolId": WAIT, "args": {"path": str(tally), "token": f"t{i}", "ms": 1000}}
+            return Client(port, key).timed("POST", "/api/v1/invocations/", body)
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(options.sleepers) as pool:
+            list(pool.map(wait_call, range(options.sleepers)))
+        figures.append(
+            Figure(
+                f"4 {options.sleepers} concurrent 1 s calls: wall time",
+                round(time.monotonic() - started, 2),
+                "s",
+                1.5,
+            )
+        )
+        figures.append(memory(port, key, daphne.pid, options.memory_calls, raw))
+        raw["load_after"] = load_average()
+
+
+def memory(port: int, key: str, pid: int, counts: tuple[int, int], raw: dict[str, Any]) -> Figure:
+    """Goal 7: Daphne's VmRSS once `short` no-op calls were made since it started, then once
+    `long` were (4 clients; the calls of the rows before count too, a few thousand)."""
+    short, long = counts
+    done = 0
+    rss = []
+    for target_calls in (short, long):
+        each = max(0, target_calls - done) // 4
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(client_noop, [(port, key, each)] * 4))
+        done = target_calls
+        rss.append(rss_kb(pid))
+        log(f"RSS after {target_calls} calls: {rss[-1]} kB ({time.monotonic() - started:.0f} s)")
+    raw["rss_kb"] = {str(short): rss[0], str(long): rss[1]}
+    return Figure(
+        f"7 RSS after {long} calls over RSS after {short}",
+        round(100 * (rss[1] / rss[0] - 1), 1),
+        "%",
+        10,
+        detail=f"{rss[0]} kB -> {rss[1]} kB",
+    )
+
+
+def per_core(
+    options: argparse.Namespace, env: dict[str, str], work: Path, key: str, raw: dict[str, Any]
+) -> Figure:
+    """Goal 3, "with one process per core, throughput grows with the cores": no-op calls
+    from the same clients against 1 Daphne process, then one per core, all accepting on
+    one shared listening socket. Read as met when each added process adds at least half
+    of the first one's throughput (ratio ≥ 1 + (K - 1) / 2). The clients share the cores."""
+    cores = options.processes or os.cpu_count() or 1
+    name = f"3 {options.clients} clients: no-op throughput, {cores} processes / 1"
+    goal = 1 + (cores - 1) / 2
+    if cores < 2:
+        return Figure(name, None, "x", goal, higher_is_better=True, detail="one core only")
+    rows: dict[str, Any] = {}
+    noop = Target("POST", "/api/v1/invocations/", {"toolId": NOOP})
+    for count in (1, cores):
+        with daphne_pool(env, work, count) as (port, procs):
+            concurrent(port, key, noop, options.clients, min(1.0, options.seconds))  # warm-up
+            cpu_before = [cpu_seconds(proc.pid) or 0.0 for proc in procs]
+            row = concurrent(port, key, noop, options.clients, options.seconds)
+            row["cpu_s_per_process"] = [
+                round((cpu_seconds(proc.pid) or 0.0) - before, 2)
+                for proc, before in zip(procs, cpu_before, strict=True)
+            ]
+            rows[str(count)] = row
+    raw["per_core"] = rows
+    one, many = rows["1"]["per_s"], rows[str(cores)]["per_s"]
+    return Figure(
+        name,
+        round(many / one, 2),
+        "x",
+        round(goal, 2),
+        higher_is_better=True,
+        detail=f"{many}/s vs {one}/s; CPU s per process {rows[str(cores)]['cpu_s_per_process']}",
+    )
 
 
 def client_noop(job: tuple[int, str, int]) -> None:
@@ -565,53 +768,214 @@ def client_noop(job: tuple[int, str, int]) -> None:
         client.timed("POST", "/api/v1/invocations/", {"toolId": NOOP})
 
 
-def contextforge_row() -> dict[str, Any]:
-    """ContextForge from PyPI in a scratch virtualenv (never a toolhub dependency)."""
-    venv = Path(tempfile.mkdtemp(prefix="toolhub-bench-contextforge-"))
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)  # noqa: S603
-        done = subprocess.run(  # noqa: S603
-            [str(venv / "bin" / "pip"), "install", "-q", "mcp-contextforge-gateway"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if done.returncode:
-            note = "ContextForge could not be installed: " + done.stderr.strip()[-300:]
-            log(note)
-            return {"installed": False, "note": note}
-        version = subprocess.run(  # noqa: S603
-            [
-                str(venv / "bin" / "python"),
-                "-c",
-                "import importlib.metadata as m; print(m.version('mcp-contextforge-gateway'))",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        note = (
-            f"ContextForge {version} installed; its call row is not measured by this bench yet "
-            "(see docs/performance.md for the figures taken by hand in issue 13)"
-        )
-        log(note)
-        return {"installed": True, "version": version, "note": note}
-    finally:
-        import shutil
+CONTEXTFORGE = "mcp-contextforge-gateway"
 
-        shutil.rmtree(venv, ignore_errors=True)
+
+# ContextForge's settings for a local, single-worker, SQLite gateway: strong throwaway
+# secrets (it refuses weak ones), no admin UI, and its SSRF guard opened for 127.0.0.1 the
+# way toolhub's connection allows the private network.
+def contextforge_env(work: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLHUB_", "DATABASE_"))}
+    env.pop("REDIS_URL", None)
+    env.update(
+        {
+            "HOST": "127.0.0.1",
+            "PORT": str(port),
+            "DATABASE_URL": f"sqlite:///{work / 'contextforge.db'}",
+            "JWT_SECRET_KEY": secrets.token_urlsafe(40),
+            "AUTH_ENCRYPTION_SECRET": secrets.token_urlsafe(40),
+            "BASIC_AUTH_PASSWORD": "Bb-" + secrets.token_urlsafe(16),
+            "PLATFORM_ADMIN_EMAIL": "admin@example.com",
+            "PLATFORM_ADMIN_PASSWORD": "Pa-" + secrets.token_urlsafe(16),
+            "DEFAULT_USER_PASSWORD": "Du-" + secrets.token_urlsafe(16),
+            "MCPGATEWAY_UI_ENABLED": "false",
+            "MCPGATEWAY_ADMIN_API_ENABLED": "false",
+            "SSRF_ALLOW_LOCALHOST": "true",
+            "SSRF_ALLOW_PRIVATE_NETWORKS": "true",
+            "LOG_LEVEL": "ERROR",
+        }
+    )
+    return env
+
+
+def contextforge_row(work: Path, upstream_port: int, options: argparse.Namespace) -> dict[str, Any]:
+    """ContextForge from PyPI in a scratch virtualenv (never a toolhub dependency): started
+    with its own CLI (uvicorn, 1 worker) on SQLite, a REST tool registered through its API
+    (POST /tools, a JWT made with its create_jwt_token for the platform admin) on the same
+    upstream, then invoked through its JSON-RPC endpoint (POST /rpc, tools/call) the way
+    toolhub's core__http_request is: sequential samples, then the concurrent clients."""
+    home = work / "contextforge"
+    home.mkdir()
+    venv = home / "venv"
+    requirement = CONTEXTFORGE + (
+        f"=={options.contextforge}" if options.contextforge != "latest" else ""
+    )
+    log(f"installing {requirement} in a scratch venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)  # noqa: S603
+    done = subprocess.run(  # noqa: S603
+        [str(venv / "bin" / "pip"), "install", "-q", requirement],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode:
+        note = "ContextForge could not be installed: " + done.stderr.strip()[-300:]
+        log(note)
+        return {"installed": False, "note": note}
+    python = str(venv / "bin" / "python")
+    version = subprocess.run(  # noqa: S603
+        [python, "-c", f"import importlib.metadata as m; print(m.version({CONTEXTFORGE!r}))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    port = free_port()
+    env = contextforge_env(home, port)
+    command = [str(venv / "bin" / "mcpgateway"), "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]  # fmt: skip
+    with process(command, env, home / "contextforge.log", cwd=home) as gateway:
+        deadline = time.monotonic() + 180  # the first start creates its schema
+        while True:
+            if gateway.poll() is not None:
+                raise BenchError(f"ContextForge exited:\n{tail(home / 'contextforge.log')}")
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"ContextForge did not come up:\n{tail(home / 'contextforge.log')}"
+                )
+            time.sleep(0.5)
+        token = (
+            subprocess.run(  # noqa: S603
+                [
+                    python,
+                    "-m",
+                    "mcpgateway.utils.create_jwt_token",
+                    "-u",
+                    "admin@example.com",
+                    "--exp",
+                    "120",
+                    "--secret",
+                    env["JWT_SECRET_KEY"],
+                ],
+                cwd=home,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
+        if not token:
+            raise BenchError("ContextForge's create_jwt_token printed no token")
+        client = Client(port, token[-1])
+        tool = {
+            "name": "bench_upstream",
+            "url": f"http://127.0.0.1:{upstream_port}/",
+            "integration_type": "REST",
+            "request_type": "GET",
+            "input_schema": {"type": "object", "properties": {}},
+        }
+        status, body = client.request("POST", "/tools", {"tool": tool})
+        if status != 200:
+            raise BenchError(f"ContextForge refused the REST tool: {status} {body[:300]!r}")
+        name = json.loads(body)["name"]
+        call = Target(
+            "POST",
+            "/rpc",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": name, "arguments": {}},
+            },
+        )
+        status, body = client.request(call.method, call.path, call.body)
+        if status != 200 or b'"isError":false' not in body:
+            raise BenchError(f"ContextForge's tool call failed: {status} {body[:300]!r}")
+        times = sequential(client, {"call": call}, options.warmup + options.calls)["call"]
+        times = times[options.warmup :]
+        load = concurrent(port, token[-1], call, options.clients, options.seconds)
+    row = {
+        "installed": True,
+        "version": version,
+        "p50_ms": round(pct(times, 50), 3),
+        "p99_ms": round(pct(times, 99), 3),
+        "concurrent": load,
+    }
+    log(f"ContextForge {version}: p50 {row['p50_ms']} ms, {load['per_s']} calls/s")
+    return row
+
+
+def side_by_side(raw: dict[str, Any], clients: int) -> list[str]:
+    """The issue's table: each path's sequential p50, what it adds over the direct upstream
+    call, and its throughput with the concurrent clients."""
+    seq, load = raw.get("sequential", {}), raw.get("concurrent", {})
+    if not seq:
+        return []
+    direct = seq["direct"]["p50_ms"]
+    rows: list[tuple[str, float, str, str]] = []
+    forge = raw.get("contextforge") or {}
+    if forge.get("installed"):
+        rows.append(
+            (
+                f"ContextForge {forge['version']}, REST tool, same upstream (SQLite, 1 worker)",
+                forge["p50_ms"],
+                f"+{forge['p50_ms'] - direct:.2f} ms",
+                f"{forge['concurrent']['per_s']}/s",
+            )
+        )
+    for name, label, added in (
+        ("http", f"toolhub {HTTP} on the same upstream", True),
+        ("noop", f"toolhub no-op tool ({NOOP})", False),
+        ("bare", "toolhub bare endpoint (GET /api/v1/invocations/<id>/)", False),
+        ("catalog", "toolhub catalog (GET /api/v1/tools/)", False),
+        ("healthz", "toolhub GET /healthz", False),
+        ("direct", "the upstream, direct", False),
+    ):
+        if name in seq:
+            rows.append(
+                (
+                    label,
+                    seq[name]["p50_ms"],
+                    f"+{seq[name]['p50_ms'] - direct:.2f} ms" if added else "-",
+                    f"{load[name]['per_s']}/s" if name in load else "-",
+                )
+            )
+    lines = [f"{'path':<78} {'p50':>9} {'added':>11} {f'{clients} clients':>11}"]
+    lines += [f"{a:<78} {b:>6.2f} ms {c:>11} {d:>11}" for a, b, c, d in rows]
+    return lines
 
 
 def report(result: dict[str, Any], options: argparse.Namespace) -> Path:
     figures: list[Figure] = result["figures"]
-    out(
-        f"toolhub call path, {result['database']}, one Daphne process; "
-        f"load {result['raw'].get('load_before')} -> {result['raw'].get('load_after')}"
+    raw = result["raw"]
+    mode = (
+        "PostgreSQL and Redis" if result["database"] == "postgresql" else "SQLite, in-memory layer"
     )
-    for figure in figures:
+    out(
+        f"toolhub call path, {mode}, one Daphne process unless said; "
+        f"load {raw.get('load_before')} -> {raw.get('load_after')}"
+    )
+    for figure in sorted(figures, key=lambda f: f.goal.split()[0]):  # by goal, stable
         out(figure.line() + (f"  ({figure.detail})" if figure.detail else ""))
-    if "contextforge" in result["raw"]:
-        out("ContextForge: " + result["raw"]["contextforge"]["note"])
+    out()
+    for line in side_by_side(raw, options.clients):
+        out(line)
+    forge = raw.get("contextforge")
+    if forge and not forge.get("installed"):
+        out("ContextForge: " + forge["note"])
+    if "servers" in raw:
+        from bench.servers import table
+
+        out()
+        for line in table(raw["servers"], options.clients):
+            out(line)
     RESULTS_DIR.mkdir(exist_ok=True)
     path = (
         Path(options.output)
@@ -632,10 +996,10 @@ def report(result: dict[str, Any], options: argparse.Namespace) -> Path:
             }
             for f in figures
         ],
-        "raw": result["raw"],
+        "raw": raw,
         "options": vars(options),
         "code": code_version(),
-        "machine": machine(),
+        "machine": machine(result["database"]),
     }
     path.write_text(json.dumps(payload, indent=2) + "\n")
     out(f"wrote {path}")
@@ -644,6 +1008,13 @@ def report(result: dict[str, Any], options: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgres"),
+        default=None,
+        help="sqlite: embedded (default); postgres: scale-out, with its own PostgreSQL "
+        "(or DATABASE_URL's) and Redis. Default: postgres when DATABASE_URL is one",
+    )
     parser.add_argument("--calls", type=int, default=1000, help="sequential samples per row")
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--clients", type=int, default=20)
@@ -656,11 +1027,31 @@ def main(argv: list[str] | None = None) -> int:
         default=(10_000, 100_000),
         help="RSS is read after this many no-op calls, then after that many (two numbers)",
     )
-    parser.add_argument("--quick", action="store_true", help="reduced counts (about a minute)")
-    parser.add_argument("--contextforge", action="store_true")
+    parser.add_argument(
+        "--processes", type=int, default=0, help="Daphne processes of the per-core row (nproc)"
+    )
+    parser.add_argument("--quick", action="store_true", help="reduced counts (a few minutes)")
+    parser.add_argument(
+        "--servers",
+        action="store_true",
+        help="also serve the bare endpoint and /healthz under uvicorn, hypercorn and granian "
+        "(pip-installed into a temp dir, never toolhub dependencies)",
+    )
+    parser.add_argument(
+        "--contextforge",
+        nargs="?",
+        const="1.1.0",
+        default=None,
+        metavar="VERSION",
+        help="add ContextForge's row (pip-installed in a scratch venv; default 1.1.0, "
+        "the version of the issue's figures; 'latest' for the newest)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (server logs)")
     parser.add_argument("--output")
     options = parser.parse_args(argv)
+    if options.database is None:
+        given = os.environ.get("DATABASE_URL", "")
+        options.database = "postgres" if given.startswith("postgres") else "sqlite"
     if options.quick:
         options.calls, options.seconds, options.memory_calls = 300, 4, (2_000, 6_000)
     try:

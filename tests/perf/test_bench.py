@@ -21,6 +21,7 @@ GOALS = [
     "3 3 clients: no-op throughput / bare",
     "3 3 clients: catalog throughput / bare",
     "3 3 clients: no-op p99 / p50",
+    "3 3 clients: no-op throughput, 2 processes / 1",
     "4 5 concurrent 1 s calls: wall time",
     "5 argument validation, 10-field schema: p50",
     "7 RSS after 20 calls over RSS after 10",
@@ -45,6 +46,8 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
         "50",
         "--memory-calls",
         "10,20",
+        "--processes",  # one per core, whatever this machine has
+        "2",
     ]
     done = subprocess.run(
         [sys.executable, "bench/calls.py", *tiny, "--output", str(output)],
@@ -62,6 +65,10 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
         (line,) = [line for line in lines if line.startswith(goal)]
         assert " MET" in line, line  # MET or NOT MET, with a measured value
         assert "n/a" not in line
+    assert "toolhub no-op tool (core__get_current_time)" in done.stdout  # the side-by-side table
     saved = json.loads(output.read_text())
     assert sorted(figure["goal"] for figure in saved["figures"]) == sorted(GOALS)
     assert all(figure["value"] is not None for figure in saved["figures"])
+    per_core = saved["raw"]["per_core"]
+    assert sorted(per_core) == ["1", "2"]
+    assert len(per_core["2"]["cpu_s_per_process"]) == 2
