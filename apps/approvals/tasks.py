@@ -1,8 +1,8 @@
 """Durable background work for approvals (Django Tasks, database backend).
 
 Tasks take ids, not objects, and check state before acting, so running one
-twice is harmless: an approved call is claimed (approved -> executing) in a
-transaction before it runs, and a claimed call is never run again.
+twice is harmless: an approved call is claimed (approved -> executing) in the
+transaction that records its start, and a claimed call is never run again.
 """
 
 from __future__ import annotations
@@ -35,21 +35,30 @@ def run_approved_call(approval_id: str) -> str:
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations import runner
 
-    with transaction.atomic():
-        approval = (
-            ApprovalRequest.objects.select_for_update(of=("self",))  # see decisions._locked
-            .select_related("tool", "tenant", "invocation", "requested_by")
-            .filter(pk=approval_id)
-            .first()
-        )
-        if approval is None or approval.status != ApprovalStatus.APPROVED:
-            return approval.status if approval else "missing"
-        approval.status = ApprovalStatus.EXECUTING
+    approval = (
+        ApprovalRequest.objects.select_related("tool", "tenant", "invocation", "requested_by")
+        .filter(pk=approval_id)
+        .first()
+    )
+    if approval is None or approval.status != ApprovalStatus.APPROVED:
+        return approval.status if approval else "missing"
+
+    def claim() -> bool:
+        """approved -> executing, in the transaction that records the call's start: of
+        two workers holding entries for one call, exactly one gets it; a cancel that
+        came first wins."""
         approval.claimed_at = timezone.now()
-        approval.save(update_fields=["status", "claimed_at"])
-    record = runner.resume(approval)
+        claimed = ApprovalRequest.objects.filter(
+            pk=approval.pk, status=ApprovalStatus.APPROVED
+        ).update(status=ApprovalStatus.EXECUTING, claimed_at=approval.claimed_at)
+        return claimed == 1
+
+    record = runner.resume(approval, claim)
+    if record is None:
+        approval.refresh_from_db(fields=["status"])
+        return str(approval.status)
     approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
-    approval.save(update_fields=["status"])
+    ApprovalRequest.objects.filter(pk=approval.pk).update(status=approval.status)
     return str(approval.status)
 
 

@@ -9,6 +9,7 @@ as the safety net.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -17,12 +18,14 @@ import threading
 
 from django.db import close_old_connections, connection
 from django.db.utils import OperationalError
+from django.tasks import TaskResultStatus
 from django.utils import timezone
 from django_tasks_db.management.commands.db_worker import Worker
-from django_tasks_db.models import DBTaskResult
+from django_tasks_db.models import DBTaskResult, get_date_max
 from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from apps.approvals import tasks, wake
+from apps.invocations import events
 
 logger = logging.getLogger(__name__)
 
@@ -94,17 +97,14 @@ class ToolhubWorker(Worker):
                 listener.stopped.set()
 
     def run_next(self) -> DBTaskResult | None:
-        """Claim and run one ready entry; None when there is none."""
-        close_old_connections()
+        """Claim and run one ready entry; None when there is none.
+
+        The worker keeps its database connection from one entry to the next (a new one
+        per entry cost milliseconds of every decision's latency); one that failed is
+        dropped by `run` and opened again on the next attempt."""
         self.settle_unsettled()
-        ready = DBTaskResult.objects.ready().filter(
-            backend_name=self.backend_name, queue_name__in=self.queue_names
-        )
         try:
-            with exclusive_transaction(ready.db):
-                entry = ready.get_locked()
-                if entry is not None:
-                    entry.claim(self.worker_id)
+            entry = self.claim()
         except OperationalError as error:
             if is_locked_database_exception(error):  # SQLite busy: try again soon
                 return None
@@ -114,8 +114,36 @@ class ToolhubWorker(Worker):
         self.unsettled = entry
         self.run_task(entry)  # writes the outcome; raises if the database is gone
         self.unsettled = None
-        close_old_connections()
         return entry
+
+    def claim(self) -> DBTaskResult | None:
+        """The next ready entry, marked RUNNING for this worker. On PostgreSQL one
+        statement (UPDATE .. FOR UPDATE SKIP LOCKED .. RETURNING): one round trip
+        instead of BEGIN, SELECT, UPDATE, COMMIT; concurrent workers skip each other's."""
+        if connection.vendor != "postgresql":
+            ready = DBTaskResult.objects.ready().filter(
+                backend_name=self.backend_name, queue_name__in=self.queue_names
+            )
+            with exclusive_transaction(ready.db):
+                entry = ready.get_locked()
+                if entry is not None:
+                    entry.claim(self.worker_id)
+            return entry
+        now = timezone.now()
+        claimed = DBTaskResult.objects.raw(
+            _CLAIM_SQL,
+            [
+                TaskResultStatus.RUNNING,
+                now,
+                self.worker_id,
+                TaskResultStatus.READY,
+                self.backend_name,
+                list(self.queue_names),
+                get_date_max(),
+                now,
+            ],
+        )
+        return next(iter(claimed), None)
 
     def settle_unsettled(self) -> None:
         entry, self.unsettled = self.unsettled, None
@@ -127,6 +155,24 @@ class ToolhubWorker(Worker):
             exception_class_path="django.db.utils.OperationalError",
             traceback="The database went away before this task's outcome was written.",
         )
+
+
+_TABLE = DBTaskResult._meta.db_table
+# django-tasks-db's ready() and ordering (its partial index serves the inner SELECT),
+# claimed as DBTaskResult.claim does it.
+_CLAIM_SQL = f"""
+UPDATE {_TABLE}
+SET status = %s, started_at = %s, worker_ids = worker_ids || jsonb_build_array(%s::text)
+WHERE id = (
+    SELECT id FROM {_TABLE}
+    WHERE status = %s AND backend_name = %s AND queue_name = ANY(%s)
+      AND (run_after = %s OR run_after <= %s)
+    ORDER BY priority DESC, run_after ASC, enqueued_at ASC
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING *
+"""  # noqa: S608  (a table name from the model, values as parameters)
 
 
 def _drop_connection() -> None:
@@ -177,6 +223,27 @@ class Sweeper(threading.Thread):
             finally:
                 with contextlib.suppress(Exception):
                     close_old_connections()
+
+
+def start_push_loop() -> None:
+    """Run events are pushed to the channel layer from one event loop that lives as long
+    as this worker process: async_to_sync made a new loop, and with it a new Redis
+    connection, for every push (two per call). Not for the embedded worker: its pushes
+    belong to the web server's loop."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    def remember() -> None:
+        events.remember_server_loop()
+        ready.set()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.call_soon(remember)
+        loop.run_forever()
+
+    threading.Thread(target=serve, name="toolhub-push-loop", daemon=True).start()
+    ready.wait(timeout=10)
 
 
 def start_embedded() -> None:

@@ -33,6 +33,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -324,18 +325,29 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
         return record_refusal(call, refusal)
 
 
-def resume(approval: ApprovalRequest) -> InvocationRecord:
+def resume(
+    approval: ApprovalRequest, claim: Callable[[], bool] | None = None
+) -> InvocationRecord | None:
     """Run an approved call: same checks again (the world may have changed while it
-    waited), the approved args bound by hash, then steps 8-13 on its record."""
+    waited), the approved args bound by hash, then steps 8-13 on its record.
+
+    `claim` (the worker's approved -> executing) runs in the transaction that records the
+    start, or the refusal: one transaction fewer per call, and a claimed call has always
+    started. When it fails (another worker has the call, or it was cancelled) nothing is
+    written and None is returned."""
     call = _call_for(approval, args=approval.args)
     try:
         check_call(call)
         if call.request_hash != approval.bound_hash:
             raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
-        record_start(call)
-        return run_started(call)
     except Refusal as refusal:
-        return record_refusal(call, refusal)
+        with transaction.atomic():
+            return record_refusal(call, refusal) if claim is None or claim() else None
+    with transaction.atomic():
+        if claim is not None and not claim():
+            return None
+        record_start(call)
+    return run_started(call)
 
 
 def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:
@@ -369,6 +381,8 @@ def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
     )
     call = Call.receive(caller, request)
     call.record = approval.invocation
+    # The record's tenant is the approval's: closing the record costs no query for it.
+    InvocationRecord.tenant.field.set_cached_value(call.record, approval.tenant)
     return call
 
 
@@ -377,7 +391,7 @@ def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
 
 def lookup_tool(call: Call) -> None:
     """1. The tool must exist, be enabled by staff and still be provided."""
-    tool = Tool.objects.filter(pk=call.tool_ref).first()
+    tool = Tool.objects.current(call.tool_ref)
     registered = sources.get_tool(call.tool_ref)
     if tool is None or registered is None or not tool.available:
         raise Refusal(ErrorCode.UNAVAILABLE, f"There is no tool {call.tool_ref[:140]!r}.")
@@ -390,7 +404,7 @@ def check_policy(call: Call) -> None:
     """2. DENY_BY_DEFAULT: a policy in force for the caller must allow the tool; budgets apply."""
     assert call.tool is not None
     caller = call.caller
-    call.evaluator = policy.Evaluator(caller.tenant, caller.principal, caller.user)
+    call.evaluator = policy.evaluator_for(caller.tenant, caller.principal, caller.user)
     call.decision = call.evaluator.decide(call.tool)
     if not call.decision.allowed:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)

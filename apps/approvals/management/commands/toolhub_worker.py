@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.approvals.worker import POLL_EVERY_S, Sweeper, build_worker
+from apps.approvals.worker import POLL_EVERY_S, Sweeper, build_worker, start_push_loop
 
 
 class Command(BaseCommand):
@@ -29,6 +29,7 @@ class Command(BaseCommand):
             options["worker_id"], interval=options["interval"], batch=options["batch"]
         )
         worker.configure_signals()
+        start_push_loop()
         sweeper = Sweeper()
         sweeper.start()
         try:
