@@ -3,13 +3,23 @@
 This is the only place a secret is decrypted, and the secret never leaves the
 broker: tools get a client that attaches credentials itself, and the runner gets
 a scrubber that takes them out of whatever the tool returns.
+
+What a secret yields (its headers, its scrubber, its pool scope) is cached per process,
+keyed by the connection, its kind, its ciphertext and the configured keys: setting or
+rotating a secret, or re-encrypting it under a new key, writes a new ciphertext (Fernet
+tokens never repeat), so the next call decrypts afresh; dropping a key drops the entries
+it decrypted. The cache is bounded (SECRET_CACHE_SIZE, least recently used goes).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from apps.connections import crypto
 from apps.connections.models import SECRET_VALUE_FIELDS, Connection
 from apps.connections.netguard import Blocked, NetworkPolicy, Resolver, fetch, system_resolver
 from apps.connections.scrubbing import Scrubber, secret_forms
@@ -19,6 +29,7 @@ from apps.tools.contracts import ToolError
 # Headers a tool may not set: the connection owns them.
 RESERVED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "host"})
 MAX_RESPONSE_BYTES = 16 * 1024
+SECRET_CACHE_SIZE = 256
 
 # Swappable in tests that need a host name to resolve to a chosen address.
 resolver: Resolver = system_resolver
@@ -37,19 +48,63 @@ def _auth_headers(kind: str, secret: dict[str, str]) -> dict[str, str]:
     raise ValueError(f"unknown connection kind {kind!r}")
 
 
+class Unsealed:
+    """What one version of a connection's secret yields; the values stay in closures,
+    not attributes a repr or vars() would show."""
+
+    def __init__(self, connection_pk: str, kind: str, ciphertext: str) -> None:
+        secret = crypto.decrypt(ciphertext) if ciphertext else {}
+        auth = _auth_headers(kind, secret)
+        self.credentials = lambda: auth
+        self.reserved = RESERVED_HEADERS | {name.lower() for name in auth}
+        self.scrubber = _scrubber(secret)
+        # Pooled sockets are this secret version's alone (netguard.ConnectionPool).
+        version = hashlib.sha256(ciphertext.encode()).hexdigest()[:32]
+        self.pool_scope = f"{connection_pk}:{version}"
+
+    def __repr__(self) -> str:
+        return "<Unsealed>"
+
+
+_unsealed: OrderedDict[tuple[str, str, str, object], Unsealed] = OrderedDict()
+_unsealed_lock = threading.Lock()
+
+
+def unseal(connection_pk: str, kind: str, ciphertext: str) -> Unsealed:
+    """The connection's secret as the broker uses it, decrypted once per version."""
+    key = (connection_pk, kind, ciphertext, crypto.keyring())
+    with _unsealed_lock:
+        found = _unsealed.get(key)
+        if found is not None:
+            _unsealed.move_to_end(key)
+            return found
+    made = Unsealed(connection_pk, kind, ciphertext)  # outside the lock: decryption is slow
+    with _unsealed_lock:
+        _unsealed[key] = made
+        while len(_unsealed) > SECRET_CACHE_SIZE:
+            _unsealed.popitem(last=False)
+    return made
+
+
+def forget_secrets() -> None:
+    with _unsealed_lock:
+        _unsealed.clear()
+
+
 class HttpClient:
     """The `http` capability: requests through one connection, credentials attached."""
 
     def __init__(self, connection: Connection) -> None:
-        auth = _auth_headers(connection.kind, connection.read_secret())
-        self._reserved = RESERVED_HEADERS | {name.lower() for name in auth}
+        unsealed = unseal(str(connection.pk), connection.kind, connection.secret_encrypted)
+        self._reserved = unsealed.reserved
         self._policy = NetworkPolicy(
             allowed_hosts=list(connection.allowed_hosts),
             allow_private=connection.allow_private_network,
             resolver=resolver,
         )
-        self._credentials = lambda: auth  # a closure: not an attribute a repr or vars() shows
-        self._scrubber = _scrubber(connection)
+        self._credentials = unsealed.credentials
+        self._scrubber = unsealed.scrubber
+        self._pool_scope = unsealed.pool_scope
 
     def __repr__(self) -> str:
         return "<HttpClient>"  # never the credentials
@@ -72,6 +127,7 @@ class HttpClient:
                 body=body.encode() if body is not None else None,
                 timeout=timeout,
                 max_bytes=MAX_RESPONSE_BYTES,
+                pool_scope=self._pool_scope,
             )
         except Blocked as exc:
             raise ToolError(str(exc)) from None
@@ -96,8 +152,9 @@ class HttpClient:
 
 
 def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
+    # No ordering: Meta's (tenant slug, name) would join the tenant table for one row.
     connection = (
-        Connection.objects.filter(tenant=tenant, pk=connection_id).first()
+        Connection.objects.filter(tenant=tenant, pk=connection_id).order_by().first()
         if connection_id
         else None
     )
@@ -112,14 +169,19 @@ def secret_scrubber(tenant: Tenant, connection_id: str) -> Scrubber:
 
     Raises ToolError when the connection is gone: the output cannot be checked then.
     """
-    connection = Connection.objects.filter(tenant=tenant, pk=connection_id).first()
-    if connection is None:
+    row = (
+        Connection.objects.filter(tenant=tenant, pk=connection_id)
+        .order_by()
+        .values_list("pk", "kind", "secret_encrypted")
+        .first()
+    )
+    if row is None:
         raise ToolError("The connection no longer exists.")
-    return _scrubber(connection)
+    pk, kind, ciphertext = row
+    return unseal(str(pk), kind, ciphertext).scrubber
 
 
-def _scrubber(connection: Connection) -> Scrubber:
-    secret = connection.read_secret()
+def _scrubber(secret: dict[str, str]) -> Scrubber:
     values = [value for name, value in secret.items() if name in SECRET_VALUE_FIELDS]
     pairs = [(secret["username"], secret["password"])] if "password" in secret else []
     return Scrubber(secret_forms(values, pairs))

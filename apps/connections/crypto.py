@@ -37,6 +37,12 @@ def check_keys() -> None:
     _fernet()
 
 
+def keyring() -> object:
+    """The configured keys, as one object that is replaced when the keys change: a cache
+    of decrypted secrets keyed on it (the broker's) cannot outlive a dropped key."""
+    return _fernet()
+
+
 def encrypt(secret: dict[str, Any]) -> str:
     return _fernet().encrypt(json.dumps(secret).encode()).decode()
 

@@ -93,7 +93,8 @@ class Connection(models.Model):
         self.secret_encrypted = crypto.encrypt({k: fields[k] for k in expected if fields.get(k)})
 
     def read_secret(self) -> dict[str, str]:
-        """Only the broker calls this, while building a capability."""
+        """Only capability builders call this (the MCP source; the broker decrypts through
+        `broker.unseal`, which caches per ciphertext)."""
         return crypto.decrypt(self.secret_encrypted) if self.secret_encrypted else {}
 
     @property

@@ -8,14 +8,25 @@ explicitly allows them. An IPv6 address that carries an IPv4 address (mapped,
 compatible, 6to4, Teredo, NAT64) is judged by the IPv4 address it carries, since
 that is where the packet ends up. Credentials are sent only while the request
 stays on the origin (scheme, host, port) it started on, as browsers do.
+
+Keep-alive connections are reused (issue 13: a new TCP, and TLS, connection per call
+cost more than the call). A pooled connection is only ever reused for the same scope
+(the broker's: one connection's credential version), the same credentialed-or-not
+state, and the same scheme, host, port and checked address; the address check runs
+on every request before the pool is asked, so a reused socket never reaches an
+address this request's policy refuses. See ConnectionPool for when a socket goes back.
 """
 
 from __future__ import annotations
 
 import http.client
 import ipaddress
+import selectors
 import socket
 import ssl
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
@@ -45,6 +56,14 @@ NAT64_LAYOUTS = (
 MAX_REDIRECTS = 5
 # Headers that carry credentials: never sent to another origin after a redirect.
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# Methods a client may retry once when a reused keep-alive connection turns out closed
+# (RFC 9110 9.2.2); the others only ever go out on a fresh connection.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+POOL_MAX_IDLE = 32  # idle sockets kept per process, all scopes together
+POOL_IDLE_S = 15.0  # an idle socket older than this is closed, not reused
+# Built once: loading the system CA store costs milliseconds, and one context may be
+# shared by every connection (it holds settings, not per-connection state).
+TLS_CONTEXT = ssl.create_default_context()
 
 
 class Blocked(Exception):
@@ -149,21 +168,96 @@ class NetworkPolicy:
         return addresses[0]
 
 
-class _GuardedHTTP(http.client.HTTPConnection):
-    policy: NetworkPolicy
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to `address`, which the caller checked, never to what `host` resolves to
+    by then (a second DNS answer cannot swap it); `host` still names the Host header."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def _open(self) -> socket.socket:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as http.client does
+        return sock
 
     def connect(self) -> None:
-        address = self.policy.safe_address(self.host, self.port)
-        self.sock = socket.create_connection((address, self.port), self.timeout)
+        self.sock = self._open()
 
 
-class _GuardedHTTPS(http.client.HTTPSConnection):
-    policy: NetworkPolicy
+class _PinnedHTTPS(_PinnedHTTP, http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        http.client.HTTPSConnection.__init__(self, host, port, timeout=timeout, context=TLS_CONTEXT)
+        self.address = address
 
     def connect(self) -> None:
-        address = self.policy.safe_address(self.host, self.port)
-        sock = socket.create_connection((address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+        # The certificate is checked against the host name, as without pinning.
+        self.sock = TLS_CONTEXT.wrap_socket(self._open(), server_hostname=self.host)
+
+
+# (scope, credentialed, scheme, host, port, checked address)
+PoolKey = tuple[str, bool, str, str, int, str]
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """True when an idle socket was closed by the server or holds bytes nobody asked for."""
+    sock = connection.sock
+    if sock is None:
+        return True
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    with selectors.DefaultSelector() as selector:  # not select(): descriptors may pass 1024
+        selector.register(sock, selectors.EVENT_READ)
+        return bool(selector.select(timeout=0))
+
+
+class ConnectionPool:
+    """Idle keep-alive connections, bounded, each reused only under its exact key.
+
+    A connection goes back only after a response that was read to its end and did not
+    announce a close, with no error on the way; anything else closes it. Before reuse,
+    one that sat idle too long, or that the server closed (or wrote to unasked), is
+    closed instead. Sockets carry no state of ours beyond the key, which names the
+    broker's scope (one connection's credential version): one connection's socket,
+    and whatever a server bound to it, never serves another connection's request.
+    """
+
+    def __init__(self, max_idle: int = POOL_MAX_IDLE, idle_s: float = POOL_IDLE_S) -> None:
+        self.max_idle = max_idle
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: deque[tuple[PoolKey, float, http.client.HTTPConnection]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def take(self, key: PoolKey) -> http.client.HTTPConnection | None:
+        while True:
+            with self._lock:
+                found = next((entry for entry in reversed(self._idle) if entry[0] == key), None)
+                if found is None:
+                    return None
+                self._idle.remove(found)
+            _, since, connection = found
+            if time.monotonic() - since <= self.idle_s and not _dropped(connection):
+                return connection
+            connection.close()
+
+    def give_back(self, key: PoolKey, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._idle.append((key, time.monotonic(), connection))
+            evicted = self._idle.popleft() if len(self._idle) > self.max_idle else None
+        if evicted is not None:
+            evicted[2].close()
+
+    def clear(self) -> None:
+        with self._lock:
+            idle, self._idle = list(self._idle), deque()
+        for _, _, connection in idle:
+            connection.close()
+
+
+POOL = ConnectionPool()
 
 
 @dataclass(frozen=True)
@@ -191,15 +285,20 @@ def fetch(
     body: bytes | None = None,
     timeout: float = 10.0,
     max_bytes: int = 16 * 1024,
+    pool_scope: str | None = None,
 ) -> Response:
     """Send one request, following redirects, each hop re-checked.
 
     `credentials` (headers) go only to the origin the request started on: once a
     redirect leaves it (another scheme, host or port), they and any credential-shaped
     header are dropped for good, even if a later hop comes back.
+
+    With a `pool_scope`, keep-alive connections of POOL under that scope are reused
+    and returned; without one, every hop has a connection of its own.
     """
     origin = _origin(url)
     sent = {**headers, **(credentials or {})}
+    credentialed = bool(credentials)
     for _ in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -211,29 +310,28 @@ def fetch(
         if _origin(url) != origin:
             secret_names = CREDENTIAL_HEADERS | {name.lower() for name in credentials or {}}
             sent = {k: v for k, v in sent.items() if k.lower() not in secret_names}
+            credentialed = False
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        connection_class = _GuardedHTTPS if parts.scheme == "https" else _GuardedHTTP
-        if connection_class is _GuardedHTTPS:
-            connection: http.client.HTTPConnection = _GuardedHTTPS(
-                host, port, timeout=timeout, context=ssl.create_default_context()
-            )
-        else:
-            connection = _GuardedHTTP(host, port, timeout=timeout)
-        connection.policy = policy  # type: ignore[attr-defined]
+        address = policy.safe_address(host, port)  # every hop, before any socket
+        key: PoolKey = (pool_scope or "", credentialed, parts.scheme, host, port, address)
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
+        connection, response = _exchange(
+            key, method, target, body, sent, timeout, POOL if pool_scope is not None else None
+        )
+        reusable = False
         try:
-            connection.request(method, target, body=body, headers=sent)
-            response = connection.getresponse()
             location = response.getheader("Location")
             if response.status in (301, 302, 303, 307, 308) and location:
                 response.read(max_bytes)
+                reusable = _finished(connection, response)
                 url = urljoin(url, location)
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                     method, body = "GET", None
                 continue
             data = response.read(max_bytes + 1)
+            reusable = _finished(connection, response)
             return Response(
                 status=response.status,
                 headers={k.lower(): v for k, v in response.getheaders()},
@@ -242,5 +340,65 @@ def fetch(
                 url=url,
             )
         finally:
-            connection.close()
+            if reusable and pool_scope is not None:
+                POOL.give_back(key, connection)
+            else:
+                connection.close()
     raise Blocked(f"Too many redirects (more than {MAX_REDIRECTS}).")
+
+
+def _exchange(
+    key: PoolKey,
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    timeout: float,
+    pool: ConnectionPool | None,
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """Send the request and read the response's head, on a pooled connection when one
+    is idle under `key` and the method may be retried: a server may close an idle
+    connection just as it is reused, and only then is the request sent again, once,
+    on a fresh connection. Other methods always get a fresh connection."""
+    reused = pool.take(key) if pool is not None and method in IDEMPOTENT_METHODS else None
+    if reused is not None:
+        reused.timeout = timeout
+        if reused.sock is not None:
+            reused.sock.settimeout(timeout)
+        try:
+            return reused, _send(reused, method, target, body, headers)
+        except ConnectionError:  # reset, broken pipe, or closed before a status line
+            reused.close()
+        except BaseException:
+            reused.close()
+            raise
+    _, _, scheme, host, port, address = key
+    connection_class = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+    connection = connection_class(host, port, address, timeout)
+    try:
+        return connection, _send(connection, method, target, body, headers)
+    except BaseException:
+        connection.close()
+        raise
+
+
+def _send(
+    connection: http.client.HTTPConnection,
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+) -> http.client.HTTPResponse:
+    connection.request(method, target, body=body, headers=dict(headers))
+    return connection.getresponse()
+
+
+def _finished(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> bool:
+    """Whether the connection may serve another request: the response was read to its
+    end and did not announce a close (http.client then drops the socket itself)."""
+    return (
+        response.isclosed()
+        and not response.will_close
+        and not response.length  # a body cut short (the server closed) is not an end
+        and connection.sock is not None
+    )

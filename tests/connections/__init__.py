@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,18 +71,46 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    peer: int = 0  # the client's port: which TCP connection the request came on
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: LocalServer
 
+    def setup(self) -> None:
+        super().setup()
+        if self.server.keep_alive:
+            self.protocol_version = "HTTP/1.1"  # HTTP/1.0 (the default) closes every time
+
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
         self.server.seen.append(
-            Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            Seen(self.command, self.path, headers, body, self.client_address[1])
         )
         parts = urlsplit(self.path)
+        if parts.path == "/hangup":  # a keep-alive answer, then the server closes anyway
+            self._json({"bye": True})
+            self.close_connection = True
+            return
+        if parts.path == "/stall":  # 10 of 100 bytes, then silence past the client's timeout
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+            self.wfile.flush()
+            time.sleep(1.5)
+            self.close_connection = True
+            return
+        if parts.path == "/big":  # size=N bytes of body, more than a result keeps
+            (size,) = parse_qs(parts.query)["size"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", size)
+            self.end_headers()
+            self.wfile.write(b"x" * int(size))
+            return
         if parts.path == "/loop":
             self.send_response(302)
             self.send_header("Location", "/loop")
@@ -145,20 +175,30 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class LocalServer(ThreadingHTTPServer):
+    """HTTP/1.0 by default (a connection per request); `keep_alive` answers HTTP/1.1 and
+    keeps connections open, `tls` serves HTTPS with that context."""
+
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, keep_alive: bool = False, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[Seen] = []
+        self.keep_alive = keep_alive
+        self.tls = tls
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True)
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.server_address[1]}"
 
 
 @contextmanager
-def local_server() -> Iterator[LocalServer]:
-    server = LocalServer()
+def local_server(
+    keep_alive: bool = False, tls: ssl.SSLContext | None = None
+) -> Iterator[LocalServer]:
+    server = LocalServer(keep_alive, tls)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
