@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,18 @@ if str(ROOT) not in sys.path:
 
 from bench.calls import (  # noqa: E402  (after the path is set)
     NOOP,
+    RESULTS_DIR,
     BenchError,
     Client,
     Target,
+    code_version,
     concurrent,
     daphne_command,
     deployment,
     free_port,
+    load_average,
     log,
+    machine,
     out,
     pct,
     prepare,
@@ -202,17 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=1, help="round-robin passes; medians")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", help="write the rows as JSON here")
+    parser.add_argument("--output", help="default: bench/results/servers-<date>-<database>.json")
     options = parser.parse_args(argv)
     if options.quick:
         options.calls, options.seconds = 300, 4
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind
     work = Path(tempfile.mkdtemp(prefix="toolhub-bench-servers-"))
+    database = "postgresql" if options.database == "postgres" else "sqlite"
+    started = datetime.now(UTC)
     try:
         with contextlib.ExitStack() as stack:
             env = deployment(options, work, stack)
             key, _ = prepare(env, work / "setup.log")
+            load_before = load_average()
             result = compare(env, work, key, options)
+            load_after = load_average()
     except BenchError as exc:
         log(str(exc))
         return 1
@@ -220,8 +229,21 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     for line in table(result, options.clients):
         out(line)
-    if options.output:
-        Path(options.output).write_text(json.dumps(result, indent=2) + "\n")
+    out(f"load {load_before} -> {load_after}")
+    payload = {
+        "date": started.isoformat(timespec="seconds"),
+        "database": database,
+        "load_before": load_before,
+        "load_after": load_after,
+        **result,
+        "options": vars(options),
+        "code": code_version(),
+        "machine": machine(database),
+    }
+    path = Path(options.output or RESULTS_DIR / f"servers-{started:%Y-%m-%d}-{database}.json")
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    out(f"wrote {path}")
     return 0
 
 
