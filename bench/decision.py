@@ -2,6 +2,7 @@
 subscriber of the run's stream, in both deployment modes.
 
     .venv/bin/python bench/decision.py [--samples 20] [--modes embedded,scale-out]
+    .venv/bin/python bench/decision.py --throughput 2000 [--workers 2]
 
 embedded: one Daphne with TOOLHUB_EMBEDDED_WORKER=1, SQLite, in-memory channel layer.
 scale-out: a throwaway PostgreSQL server and redis-server, one Daphne, one
@@ -13,12 +14,21 @@ process (POST /api/v1/approvals/<id>/decision/, as the console does) and measure
 receipt of tool_call_result minus the `at` of approval_decided (taken inside the
 decision's transaction, just before it commits). Prints p50/p90/max and writes
 bench/results/decision-<date>.json. Nothing here asserts on timings.
+
+--throughput N: the queue's rate (issue 13: "queued calls with PostgreSQL and 2 worker
+processes"). N held calls of test__confirm (a no-op, always held) are approved in bulk
+through decisions.decide (the model-level decision, no HTTP), their operator
+notifications are taken off the queue, then `--workers` toolhub_worker processes start
+on PostgreSQL (Redis as the channel layer) and the rate is N over the time from the
+first claim to the last final record. It checks that every record is final with
+exactly one tool_call_result event, and every queue entry SUCCESSFUL.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -150,6 +160,150 @@ def sample(base: str, operator: Browser, key: str, n: int, tally: Path) -> float
     return (arrivals[-1][1] - decided.timestamp()) * 1000
 
 
+def prepare(count: str) -> dict[str, Any]:
+    """In a process on the deployment's database: `count` held calls, all approved."""
+    from django.contrib.auth.models import User
+    from django_tasks_db.models import DBTaskResult
+
+    from apps.approvals import decisions, tasks, worker
+    from apps.approvals.models import ApprovalRequest
+    from apps.invocations import runner
+    from apps.invocations.requests import InvocationRequest
+    from apps.tenants.callers import Caller
+    from apps.tenants.models import ApiKey
+
+    worker.start_push_loop()  # as a worker process does: this pushes four events per call
+    key = ApiKey.objects.select_related("tenant", "user").get()
+    caller = Caller.for_api_key(key)
+    operator = User.objects.get(username="olga")
+    for n in range(int(count)):
+        record = runner.invoke(
+            caller, InvocationRequest(tool_id="test__confirm", run_id=f"run-q-{n}", args={})
+        )
+        decisions.decide(ApprovalRequest.objects.get(invocation=record).pk, operator, "approve")
+    DBTaskResult.objects.filter(task_path=tasks.notify_pending.module_path).delete()
+    return {"queued": DBTaskResult.objects.filter(status="READY").count()}
+
+
+def audit() -> dict[str, Any]:
+    """Once the workers are done: the figures and the checks."""
+    from django.db.models import Count, Max, Min
+    from django_tasks_db.models import DBTaskResult
+
+    from apps.invocations.models import InvocationRecord, RunEvent
+
+    records = InvocationRecord.objects.filter(run_id__startswith="run-q-")
+    final = records.filter(status__in=("succeeded", "failed", "cancelled"))
+    per_call = (
+        RunEvent.objects.filter(run_id__startswith="run-q-", type="tool_call_result")
+        .values("run_id", "tool_call_id")
+        .annotate(n=Count("id"))
+    )
+    entries = DBTaskResult.objects.all()
+    span = entries.aggregate(first=Min("started_at"))
+    span |= final.aggregate(last=Max("ended_at"))
+    return {
+        "records": records.count(),
+        "final": final.count(),
+        "succeeded": final.filter(status="succeeded").count(),
+        "calls_with_one_result": sum(1 for row in per_call if row["n"] == 1),
+        "calls_with_results": len(per_call),
+        "entries_not_successful": entries.exclude(status="SUCCESSFUL").count(),
+        "seconds": (span["last"] - span["first"]).total_seconds(),
+    }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes (all their threads) and their reaped children."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids(server: Any) -> list[int]:
+    """The postmaster and its children (the backends serving the workers)."""
+    postmaster = int((server.dir / "data" / "postmaster.pid").read_text().split()[0])
+    children = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent(entry) == postmaster
+    ]
+    return [postmaster, *children]
+
+
+def _parent(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def throughput(count: int, workers: int) -> dict[str, Any]:
+    import psycopg
+
+    with tempfile.TemporaryDirectory(prefix="toolhub-bench-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        env = base_env(work)
+        server = stack.enter_context(postgres_server())
+        env["DATABASE_URL"] = server.url
+        env["REDIS_URL"] = stack.enter_context(redis_server())
+        run(env, "manage.py", "migrate", "--noinput", "-v0")
+        remote(env, "seed")
+        remote_step(env, "prepare", str(count))
+        # Progress is read with plain SQL: a Django process per poll would take a core.
+        db = stack.enter_context(
+            psycopg.connect(
+                host=str(server.dir), user="postgres", dbname="toolhub", autocommit=True
+            )
+        )
+
+        def scalar(sql: str) -> int:
+            row = db.execute(sql).fetchone()
+            return int(row[0]) if row else 0
+
+        log = (work / "workers.log").open("wb")
+        stack.callback(log.close)
+        processes = []
+        for n in range(workers):
+            process = subprocess.Popen(  # noqa: S603  (our own interpreter and manage.py)
+                [sys.executable, "manage.py", "toolhub_worker", "--worker-id", f"bench-{n}"],
+                cwd=ROOT,
+                env={**os.environ, **env, "TOOLHUB_LOG_LEVEL": "WARNING"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            stack.callback(stop, process)
+            processes.append(process.pid)
+        ready = "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'READY'"
+        unfinished = (
+            "SELECT count(*) FROM invocations_invocationrecord WHERE run_id LIKE 'run-q-%' "
+            "AND status NOT IN ('succeeded', 'failed', 'cancelled')"
+        )
+        deadline = time.monotonic() + 600
+        while scalar(ready) == count:  # the workers are still starting
+            time.sleep(0.05)
+        cpu_before = cpu_seconds(processes), cpu_seconds(postgres_pids(server))
+        while scalar(unfinished):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not finish in 10 minutes")
+            time.sleep(0.2)
+        cpu_after = cpu_seconds(processes), cpu_seconds(postgres_pids(server))
+        state = remote_step(env, "audit")
+    state["calls_per_second"] = round(count / state["seconds"], 1)
+    state["cpu_ms_per_call"] = {
+        "workers": round((cpu_after[0] - cpu_before[0]) * 1000 / count, 2),
+        "postgresql": round((cpu_after[1] - cpu_before[1]) * 1000 / count, 2),
+    }
+    return {"mode": "throughput", "workers": workers, **state}
+
+
+def remote_step(env: dict[str, str], *args: str) -> Any:
+    return json.loads(run(env, str(Path(__file__)), "--step", *args).strip().splitlines()[-1])
+
+
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
@@ -159,8 +313,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--modes", default="embedded,scale-out")
+    parser.add_argument("--throughput", type=int, default=0, metavar="N")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.step:
+        step, *args = options.step
+        answer = prepare(*args) if step == "prepare" else audit()
+        sys.stdout.write(json.dumps(answer) + "\n")
+        return 0
     results = []
+    if options.throughput:
+        row = throughput(options.throughput, options.workers)
+        sys.stdout.write(json.dumps(row) + "\n")
+        RESULTS_DIR.mkdir(exist_ok=True)
+        out = RESULTS_DIR / f"queue-throughput-{datetime.now(UTC):%Y-%m-%d}.json"
+        out.write_text(json.dumps({"results": [row]}, indent=2) + "\n")
+        sys.stdout.write(f"wrote {out}\n")
+        return 0
     for mode in options.modes.split(","):
         with tempfile.TemporaryDirectory(prefix="toolhub-bench-") as tmp:
             work = Path(tmp)
