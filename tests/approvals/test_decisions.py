@@ -401,8 +401,9 @@ def test_cancelling_a_call_a_worker_has_just_claimed_stops_it_instead_of_409(
     Tool.objects.filter(pk=SLEEP).update(timeout_ms=20_000)
     body, approval = hold(caller, SLEEP, args={"seconds": 10})
     post_decision(logged_in(operator), approval.pk)
-    # What run_approved_call does first: claim the call (approved -> executing). The
-    # record still says queued until the runner records its start.
+    # A claimed call (approved -> executing) whose start is not recorded yet: workers
+    # that claimed before the re-checks left this state (the claim is now in the start's
+    # transaction); a cancel must still stop it rather than answer 409.
     ApprovalRequest.objects.filter(pk=approval.pk).update(status=ApprovalStatus.EXECUTING)
 
     response = caller.client.post(cancel_url(body["invocationId"]))
