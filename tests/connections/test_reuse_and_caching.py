@@ -26,12 +26,14 @@ from django.contrib.auth.models import Group, Permission, User
 from django.db import connection as database
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
-from guardian.shortcuts import assign_perm
+from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.connections import broker, crypto, netguard
 from apps.connections.models import Connection
 from apps.connections.permissions import USE, can_use_connection
 from apps.connections.scrubbing import REDACTED
+from apps.tenants.principals import agents_group
+from apps.tools.models import Tool
 from tests.conftest import Agent, allow
 from tests.connections import HTTP, LocalServer, local_server, make_connection, usable
 from tests.support.responses import failure, ok_result
@@ -329,7 +331,33 @@ def test_use_connection_answers_like_django_and_guardian_for_every_grant_route(a
     assert user.has_perm(USE) or user.has_perm(USE, connection)
     with CaptureQueriesContext(database) as queries:
         assert can_use_connection(user, connection)
-    assert len(queries.captured_queries) <= 1
+    asked = [q["sql"] for q in queries.captured_queries if "authzepoch" not in q["sql"]]
+    assert len(asked) <= 1, asked  # besides reading the authorization epoch
     assert can_use_connection(user, other) is route.endswith("global")
     user.is_active = False
     assert not can_use_connection(user, connection)
+
+
+@pytest.mark.parametrize("revoke", ["object-permission", "group-membership", "global-permission"])
+def test_revoking_use_connection_holds_on_the_next_call(caller, server, revoke):
+    connection = connect(caller)
+    group = agents_group(caller.tenant)
+    user = group.user_set.get()
+    if revoke == "global-permission":
+        remove_perm(USE, group, connection)
+        group.permissions.add(Permission.objects.get(codename="use_connection"))
+    if revoke == "group-membership":  # execute_tool must not go with the group
+        assign_perm("tools.execute_tool", user, Tool.objects.get(pk=HTTP))
+    assert ok_result(call(caller, connection, f"{server.base}/ok"))["status"] == 200
+    Group.objects.create(name="unrelated")  # an edit elsewhere: the answer is asked again
+    assert ok_result(call(caller, connection, f"{server.base}/ok"))["status"] == 200
+    if revoke == "object-permission":
+        remove_perm(USE, group, connection)
+    elif revoke == "group-membership":
+        user.groups.remove(group)
+    else:
+        group.permissions.clear()
+    code, message = failure(call(caller, connection, f"{server.base}/ok"))
+    assert code == "authz_denied"
+    assert message == f"{caller.principal} may not use that connection."
+    assert len(server.seen) == 2
