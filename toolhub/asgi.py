@@ -10,7 +10,14 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from toolhub.limits import BodyLimitMiddleware, install_daphne_body_limit  # noqa: E402
+from toolhub.limits import (  # noqa: E402
+    ASGIApp,
+    BodyLimitMiddleware,
+    Receive,
+    Scope,
+    Send,
+    install_daphne_body_limit,
+)
 from toolhub.routing import http_router, websocket_urlpatterns  # noqa: E402
 from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
     AllowedHostsBrowserOriginValidator,
@@ -25,10 +32,23 @@ if settings.TOOLHUB_EMBEDDED_WORKER:
 
     start_embedded()
 
+from apps.invocations.events import remember_server_loop  # noqa: E402
+
+
+def remembering_the_loop(app: ASGIApp) -> ASGIApp:
+    """Views hand their events to this loop without waiting (apps/invocations/events.py)."""
+
+    async def remembering(scope: Scope, receive: Receive, send: Send) -> None:
+        remember_server_loop()
+        await app(scope, receive, send)
+
+    return remembering
+
+
 application = ProtocolTypeRouter(
     {
         # The body limit covers /mcp/ as every other path.
-        "http": BodyLimitMiddleware(http_router(django_asgi_app)),
+        "http": remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app))),
         "websocket": AllowedHostsBrowserOriginValidator(
             WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
+from collections import deque
 from datetime import datetime
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -107,9 +109,10 @@ def emit(
     return message
 
 
-# The event loop of the ASGI server in this process, remembered by the stream
-# consumers. Pushes from plain threads (the embedded worker) are handed to it:
-# the in-memory channel layer's queues belong to that loop and are not thread-safe.
+# The event loop of the ASGI server in this process, remembered by every HTTP request
+# and stream (toolhub/asgi.py, the consumers) and by the worker's push loop. Pushes from
+# plain threads (views, the embedded worker) are handed to it: the in-memory channel
+# layer's queues belong to that loop and are not thread-safe.
 _server_loop: asyncio.AbstractEventLoop | None = None
 
 
@@ -118,25 +121,84 @@ def remember_server_loop() -> None:
     _server_loop = asyncio.get_running_loop()
 
 
-# Sends scheduled on a loop from sync code running on it, kept until done (no GC mid-send).
-_scheduled: set[asyncio.Task[None]] = set()
+OUTBOX_LIMIT = 10_000  # pushes waiting for the layer; past it they are dropped (and logged)
+
+
+class Outbox:
+    """Pushes handed to one loop, sent in the order they were handed, by one task.
+
+    A view or worker thread does not wait for the layer (issue 13: the wait was a round
+    trip to the loop, twice per call): the event is already committed, and the order of
+    sends is the order of commits in this process, which a subscriber's sequence check
+    relies on. A layer that is down or slow makes the queue grow to OUTBOX_LIMIT, then
+    drops: subscribers re-read the database when they see the gap, or on reconnect.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: deque[tuple[Any, str, dict[str, Any]]] = deque()
+        self.sender: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    def hand(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
+        """From any thread: queue the send on the loop, without waiting for it."""
+        self.loop.call_soon_threadsafe(self.put, layer, group, envelope)
+
+    def put(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
+        """On the loop."""
+        if len(self.pending) >= OUTBOX_LIMIT:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.error("channel layer push backlog full: %s pushes dropped", self.dropped)
+            return
+        self.pending.append((layer, group, envelope))
+        if self.sender is None or self.sender.done():
+            self.sender = self.loop.create_task(self._send_all())
+
+    async def _send_all(self) -> None:
+        while self.pending:
+            layer, group, envelope = self.pending.popleft()
+            try:
+                await layer.group_send(group, envelope)
+            except Exception:
+                # The event is already persisted: a subscriber that missed the push
+                # catches up from the database (gap, or reconnect with ?after=).
+                event = envelope.get("event", {})
+                logger.exception(
+                    "could not push event %s#%s to the channel layer",
+                    event.get("runId"),
+                    event.get("seq"),
+                )
+
+
+_outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
+_outboxes_lock = threading.Lock()
+
+
+def outbox(loop: asyncio.AbstractEventLoop) -> Outbox:
+    with _outboxes_lock:
+        found = _outboxes.get(loop)
+        if found is None or loop.is_closed():
+            found = _outboxes[loop] = Outbox(loop)
+            for gone in [other for other in _outboxes if other.is_closed()]:
+                del _outboxes[gone]
+        return found
 
 
 def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
-    loop = _server_loop
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if running is not None:
-        # Sync code called from a coroutine (async_to_sync cannot run there): the send
-        # becomes a task of that loop.
-        task = running.create_task(layer.group_send(group, envelope))
-        _scheduled.add(task)
-        task.add_done_callback(_scheduled.discard)
-    elif loop is not None and loop.is_running():
-        asyncio.run_coroutine_threadsafe(layer.group_send(group, envelope), loop).result(timeout=10)
+        # Sync code called from a coroutine (async_to_sync cannot run there).
+        outbox(running).put(layer, group, envelope)
+        return
+    loop = _server_loop
+    if loop is not None and loop.is_running():
+        outbox(loop).hand(layer, group, envelope)
     else:
+        # No server loop in this process (a management command, the test client).
         async_to_sync(layer.group_send)(group, envelope)
 
 
@@ -151,7 +213,7 @@ def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:
             _group_send(
                 layer, tenant_group(tenant_id), {"type": "approval.event", "event": message}
             )
-    except Exception:
+    except Exception:  # the synchronous fallback's send, or a loop already closed
         # The event is already persisted: a subscriber that missed the push
         # catches up by replaying after its last sequence number.
         logger.exception("could not push event %s#%s to the channel layer", run_id, message["seq"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, connections, models, transaction
 from django.utils import timezone
@@ -94,6 +95,54 @@ class InvocationRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_ref} {self.tool_call_id} ({self.status})"
+
+    def as_api(self) -> dict[str, Any]:
+        """The record as the API shows it (camelCase, empty optional fields left out).
+
+        Built by hand, not by DRF's field machinery: every call's response is one of
+        these (issue 13). InvocationSerializer declares the same fields for the API
+        document and uses this for its output; tests compare both with the document.
+        """
+        approval = getattr(self, "approval", None)  # reverse one-to-one: absent -> None
+        data: dict[str, Any] = {
+            "invocationId": str(self.id),
+            "toolCallId": self.tool_call_id,
+            "runId": self.run_id,
+            "toolId": self.tool_ref,
+            "status": self.status,
+        }
+        if self.ok is not None:
+            data["ok"] = self.ok
+        if self.ok is True and self.result is not None:
+            data["result"] = self.result
+        failure: tuple[tuple[str, Any], ...] = (
+            ("errorCode", self.error_code),
+            ("safeMessage", self.safe_message),
+            ("retryAfterMs", self.retry_after_ms),
+        )
+        data.update((name, value) for name, value in failure if value not in (None, ""))
+        data["args"] = self.args
+        data["principal"] = self.principal
+        context: tuple[tuple[str, Any], ...] = (
+            ("connectionId", self.connection_id),
+            ("idempotencyKey", self.idempotency_key),
+            ("policyRule", self.policy_rule),
+        )
+        data.update((name, value) for name, value in context if value not in (None, ""))
+        data["createdAt"] = _instant(self.created_at)
+        data["startedAt"] = _instant(self.started_at)
+        data["endedAt"] = _instant(self.ended_at)
+        data["durationMs"] = self.duration_ms
+        if approval is not None:
+            data["approvalId"] = str(approval.pk)
+        return data
+
+
+def _instant(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a Z, as DRF's DateTimeField writes it."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class CallWindow(models.Model):

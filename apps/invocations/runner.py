@@ -55,6 +55,7 @@ from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
 from apps.policies import policy
+from apps.tenants import epoch
 from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.capabilities import Capabilities
@@ -158,9 +159,10 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
 def check_call(call: Call) -> None:
     """Steps 1-6, the checks every call passes before it may run (or be held), and
     that an approved call passes again before it runs; a failure raises Refusal."""
-    lookup_tool(call)
-    check_policy(call)
-    check_permission(call)
+    with epoch.pinned():  # steps 1-3 ask caches: one read of the epoch for all of them
+        lookup_tool(call)
+        check_policy(call)
+        check_permission(call)
     check_connection(call)
     validate_args(call)
     apply_rules(call)

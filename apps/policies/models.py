@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.policies import conditions
+from apps.tenants.epoch import EpochQuerySet
 from apps.tenants.models import Tenant, validate_principal
 from apps.tools.models import Effect, Tool
 
@@ -43,7 +44,9 @@ class Outcome(models.TextChoices):
     DENY = "deny"
 
 
-class PolicyQuerySet(models.QuerySet["Policy"]):
+class PolicyQuerySet(EpochQuerySet["Policy"]):
+    """Bulk updates (the admin's enable and disable actions) change the authorization epoch."""
+
     def in_force(self, tenant: Tenant) -> PolicyQuerySet:
         return self.filter(tenant=tenant, enabled=True)
 

@@ -17,6 +17,7 @@ from django.db.models import Prefetch, Q
 
 from apps.policies import conditions
 from apps.policies.models import Outcome, Policy, PolicyRule
+from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import executable_tools
@@ -147,6 +148,18 @@ class Evaluator:
         return (rule.outcome, rule.label, f"{rule.name} {VERDICT_WORDS[rule.outcome]}.")
 
 
+# Evaluators as of the authorization epoch, per tenant, principal and user: a policy,
+# rule, listed tool, tool or group membership edited changes it, so the next call loads
+# them again (issue 13). An evaluator is read-only once built, so threads share it.
+_EVALUATORS = EpochCache("policy evaluators")
+
+
+def evaluator_for(tenant: Tenant, principal: str, user: User | None) -> Evaluator:
+    """The caller's evaluator, built once per authorization epoch and process."""
+    key = (tenant.pk, principal, user.pk if user is not None else None)
+    return _EVALUATORS.get(key, lambda: Evaluator(tenant, principal, user))
+
+
 def _terms(policies: list[Policy]) -> ApprovalTerms:
     if not policies:
         return ApprovalTerms()
@@ -174,9 +187,19 @@ def _budgets(policies: list[Policy]) -> Budgets:
 def catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Decision]]:
     """The usable tools this caller may see, each with its decision (CATALOG_IS_EXPLICIT).
 
-    Filtered by `execute_tool` permission first, in a fixed number of queries.
+    Filtered by `execute_tool` permission first, in a fixed number of queries, and
+    cached per process as of the authorization epoch (a staff user's flags are part of
+    the key: they are read from the session's user, not from a cached row).
     """
-    evaluator = Evaluator(tenant, principal, user)
+    key = (tenant.pk, principal, user.pk, user.is_active, user.is_superuser)
+    return _CATALOGS.get(key, lambda: _catalog(tenant, principal, user))
+
+
+_CATALOGS = EpochCache("catalogs")
+
+
+def _catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Decision]]:
+    evaluator = evaluator_for(tenant, principal, user)
     listed = []
     for tool in executable_tools(user).order_by("pk"):
         decision = evaluator.decide(tool)

@@ -6,4 +6,6 @@ class TenantsConfig(AppConfig):
     label = "tenants"
 
     def ready(self) -> None:
-        from apps.tenants import openapi  # noqa: F401 - registers the schema's bearer scheme
+        from apps.tenants import epoch, openapi  # noqa: F401 - openapi registers the bearer scheme
+
+        epoch.connect()

@@ -12,6 +12,8 @@ from django.db import models, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from apps.tenants import epoch
+
 PRINCIPAL_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}:[A-Za-z0-9._@+-]{1,120}$")
 KEY_PREFIX = "th_"
 
@@ -86,16 +88,24 @@ class ApiKeyManager(models.Manager["ApiKey"]):
         if not raw.startswith(KEY_PREFIX) or raw.count("_") < 2 or len(raw) > 200:
             return None
         prefix = raw[len(KEY_PREFIX) :].split("_", 1)[0]
-        candidate = (
+        candidate = _KEYS.get(prefix, lambda: self._active_with_prefix(prefix))
+        if candidate is None or not secrets.compare_digest(candidate.key_hash, _hash_key(raw)):
+            return None
+        return candidate
+
+    def _active_with_prefix(self, prefix: str) -> ApiKey | None:
+        return (
             self.get_queryset()
             .active()
             .select_related("tenant", "user")
             .filter(prefix=prefix)
             .first()
         )
-        if candidate is None or not secrets.compare_digest(candidate.key_hash, _hash_key(raw)):
-            return None
-        return candidate
+
+
+# Keys by prefix, as of the authorization epoch: revoking or editing a key (or its
+# tenant or user) changes the epoch, so it holds on the next request (issue 13).
+_KEYS = epoch.EpochCache("api keys")
 
 
 class ApiKey(models.Model):
@@ -157,3 +167,16 @@ class ApiKey(models.Model):
         self.revoked_at = timezone.now()
         self.save(update_fields=["revoked_at"])
         transaction.on_commit(lambda: key_revoked.send(sender=ApiKey, key=self))
+
+
+class AuthzEpoch(models.Model):
+    """One row: the number every edit to who-may-do-what changes, so that each process
+    may cache the answers until it does (apps/tenants/epoch.py)."""
+
+    value = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = "authorization epoch"
+
+    def __str__(self) -> str:
+        return f"authorization epoch {self.value}"

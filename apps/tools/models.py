@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models, transaction
 
+from apps.tenants.epoch import EpochCache, EpochQuerySet
 from apps.tools.registry import RegisteredTool, ToolRegistrationError, ToolRegistry
 
 
@@ -24,7 +25,12 @@ class Source(models.TextChoices):
     MCP = "mcp", "MCP server"
 
 
-class ToolQuerySet(models.QuerySet["Tool"]):
+_TOOLS = EpochCache("tools")
+
+
+class ToolQuerySet(EpochQuerySet["Tool"]):
+    """Bulk updates (enable, disable, mark gone) change the authorization epoch."""
+
     def usable(self) -> ToolQuerySet:
         """Tools a policy may hand out: enabled by staff and still provided."""
         return self.filter(enabled=True, available=True)
@@ -36,6 +42,11 @@ class ToolManager(models.Manager["Tool"]):
 
     def usable(self) -> ToolQuerySet:
         return self.get_queryset().usable()
+
+    def current(self, tool_id: str) -> Tool | None:
+        """The tool's row as of the authorization epoch (cached per process; any edit
+        of a tool changes the epoch, so a disabled tool is refused on the next call)."""
+        return _TOOLS.get(tool_id, lambda: self.filter(pk=tool_id).first())
 
     @transaction.atomic
     def sync_registry(self, registry: ToolRegistry) -> list[Tool]:

@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission
 from django.db.models import Exists, Q, QuerySet
 from guardian.models import GroupObjectPermission, UserObjectPermission
 
+from apps.tenants.epoch import EpochCache
 from apps.tools.models import Tool, ToolQuerySet
 
 if TYPE_CHECKING:
@@ -25,12 +26,22 @@ DECIDE = "tools.decide_approval"
 def can_execute(user: User, tool: Tool) -> bool:
     """What `user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool)` answers (ModelBackend's
     global permission, guardian's object permission, each direct or through a group), in
-    one query instead of their four: this runs on every call (issue 13). Nothing is cached,
-    so an admin's revocation holds on the next call in every process."""
+    one query instead of their four, and cached per process until the authorization epoch
+    changes: this runs on every call (issue 13). A revocation changes the epoch, so it
+    holds on the next call in every process."""
     if not user.is_active:
         return False
     if user.is_superuser:
         return True
+    return _EXECUTE.get((user.pk, tool.pk), lambda: _holds_execute(user, tool))
+
+
+# Answers as of the authorization epoch: granting or revoking a permission, a group
+# membership or a user's flags changes it, so the next call asks again (issue 13).
+_EXECUTE = EpochCache("execute_tool")
+
+
+def _holds_execute(user: User, tool: Tool) -> bool:
     on_tool = str(tool.pk)
     return (
         _execute_permission()

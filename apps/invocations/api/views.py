@@ -61,7 +61,7 @@ class InvocationListView(CallerView):
     def post(self, request: Request) -> Response:
         invocation = parse_body(request, InvocationRequest)
         record = runner.invoke(self.caller(request), invocation)
-        response = Response(InvocationSerializer(record).data, status=_status_of(record))
+        response = Response(record.as_api(), status=_status_of(record))
         if record.retry_after_ms is not None:
             response["Retry-After"] = str(math.ceil(record.retry_after_ms / 1000))
         elif record.status in UNFINISHED:

@@ -1,0 +1,192 @@
+"""The authorization epoch: what lets every process cache who may do what, safely.
+
+A call asks the same questions every time: whose key is this, does the tool exist, which
+policies apply, may this user execute it. Their answers change only when someone edits
+the rows behind them, so they are cached in each process (issue 13) and checked against
+one number in the database, the epoch:
+
+- every edit that can change an answer gives the epoch a new random value, in the
+  edit's own transaction: saves and deletes of keys, tenants, users, groups, tools,
+  policies, rules and permissions, membership and permission m2m changes (`_SENDERS`),
+  and bulk `update()` on the querysets that have one (`EpochQuerySet`);
+- a request reads the epoch once (one small query), before anything it caches; a
+  different value than the cache was filled at empties the cache.
+
+So an admin's edit holds on the next call in every process, with no expiry to wait for.
+Reading the epoch before the data means a cache can hold newer data under an older
+epoch (refilled at once on the next change), never older data under a newer one. The
+value is random rather than a counter so that a restored backup, a flushed table or a
+rolled-back test cannot bring back a value a process has already cached under.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from django.apps import apps
+from django.db import IntegrityError, models, transaction
+from django.db.models.signals import m2m_changed, post_delete, post_save
+
+T = TypeVar("T")
+_M = TypeVar("_M", bound=models.Model)
+
+ROW = 1  # the one row of AuthzEpoch
+MAX_ENTRIES = 10_000  # per cache; past it the cache starts over (a bound, not a policy)
+
+
+def _new_value() -> int:
+    return secrets.randbits(62)
+
+
+def read() -> int:
+    """The epoch now (one query); creates the row if a flush or a fresh database lost it."""
+    model = apps.get_model("tenants", "AuthzEpoch")
+    value = model.objects.filter(pk=ROW).values_list("value", flat=True).first()
+    if value is None:
+        try:
+            with transaction.atomic():
+                value = model.objects.create(pk=ROW, value=_new_value()).value
+        except IntegrityError:  # another process created it first
+            value = model.objects.filter(pk=ROW).values_list("value", flat=True).get()
+    return value
+
+
+def bump(**_signal_kwargs: Any) -> None:
+    """Give the epoch a new value, in the caller's transaction (a signal receiver too)."""
+    model = apps.get_model("tenants", "AuthzEpoch")
+    if not model.objects.filter(pk=ROW).update(value=_new_value()):
+        read()  # no row yet: creating it gives a value no cache was filled at
+    holder = _pinned.get()
+    if holder is not None:
+        holder[0] = None  # this scope's later questions see its own edit
+
+
+# The epoch as read in the current request (EpochMiddleware) or call (pinned()): a
+# holder, filled by the first read and emptied by a bump in the same scope.
+_pinned: ContextVar[list[int | None] | None] = ContextVar("toolhub_epoch", default=None)
+
+
+@contextmanager
+def pinned() -> Iterator[None]:
+    """Within this block the epoch is read at most once (unless the block itself bumps
+    it): one request, or one call's checks. Nested blocks share the outer one's read."""
+    if _pinned.get() is not None:
+        yield
+        return
+    token = _pinned.set([None])
+    try:
+        yield
+    finally:
+        _pinned.reset(token)
+
+
+def current() -> int:
+    holder = _pinned.get()
+    if holder is None:
+        return read()
+    value = holder[0]
+    if value is None:
+        value = holder[0] = read()
+    return value
+
+
+class EpochCache:
+    """Answers computed at one epoch, shared by every thread of the process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._epoch: int | None = None
+        self._entries: dict[Any, Any] = {}
+
+    def get(self, key: Any, load: Callable[[], T]) -> T:
+        epoch = current()  # before loading: see the module docstring
+        with self._lock:
+            if self._epoch == epoch and key in self._entries:
+                return self._entries[key]
+        value = load()
+        with self._lock:
+            if self._epoch != epoch:
+                self._epoch, self._entries = epoch, {}
+            if len(self._entries) >= MAX_ENTRIES:
+                self._entries = {}
+            self._entries[key] = value
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._epoch, self._entries = None, {}
+
+
+class EpochQuerySet(models.QuerySet[_M]):
+    """A queryset whose bulk `update()` bumps the epoch (it sends no signals)."""
+
+    def update(self, **kwargs: Any) -> int:
+        with transaction.atomic(using=self.db):
+            changed = super().update(**kwargs)
+            if changed:
+                bump()
+        return changed
+
+
+# Every model whose rows can change an answer the caches give. Strings, so this module
+# imports no other app; resolved when the apps are ready.
+_SENDERS = (
+    "tenants.Tenant",
+    "tenants.ApiKey",
+    "auth.User",
+    "auth.Group",
+    "auth.Permission",
+    "tools.Tool",
+    "policies.Policy",
+    "policies.PolicyRule",
+    "guardian.UserObjectPermission",
+    "guardian.GroupObjectPermission",
+)
+_M2M = (
+    ("auth.User", "groups"),
+    ("auth.User", "user_permissions"),
+    ("auth.Group", "permissions"),
+    ("policies.Policy", "tools"),
+)
+# Saves that change nothing a cache holds: a login's timestamp.
+_IGNORED_UPDATES = {"auth.User": frozenset({"last_login"})}
+
+
+def _on_save(sender: type[models.Model], update_fields: Any = None, **kwargs: Any) -> None:
+    ignored = _IGNORED_UPDATES.get(sender._meta.label)
+    if ignored and update_fields and set(update_fields) <= ignored:
+        return
+    bump()
+
+
+def connect() -> None:
+    """Called from TenantsConfig.ready(): hook the epoch to every edit that matters."""
+    for label in _SENDERS:
+        model = apps.get_model(label)
+        post_save.connect(_on_save, sender=model, dispatch_uid=f"epoch-save-{label}")
+        post_delete.connect(bump, sender=model, dispatch_uid=f"epoch-delete-{label}")
+    for label, field in _M2M:
+        through = getattr(apps.get_model(label), field).through
+        m2m_changed.connect(_on_m2m, sender=through, dispatch_uid=f"epoch-m2m-{label}.{field}")
+
+
+def _on_m2m(action: str, **kwargs: Any) -> None:
+    if action in ("post_add", "post_remove", "post_clear"):
+        bump()
+
+
+class EpochMiddleware:
+    """Reads the epoch at most once per request, however many caches the request asks."""
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        with pinned():
+            return self.get_response(request)
