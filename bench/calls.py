@@ -561,14 +561,19 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
             wait_for(upstream_port, "/", upstream, "upstream")
             one_daphne(options, env, work, key, connection_id, upstream_port, figures, raw)
             figures.append(per_core(options, env, work, key, raw))
+            # The optional rows install from PyPI: when one fails, toolhub's figures still count.
             if options.servers:
                 from bench.servers import compare
 
-                raw["servers"] = compare(env, work, key, options)
+                try:
+                    raw["servers"] = compare(env, work, key, options)
+                except (BenchError, OSError, subprocess.SubprocessError) as exc:
+                    log(f"the servers' rows failed: {exc}")
+                    raw["servers_failed"] = str(exc)
             if options.contextforge:
                 try:
                     raw["contextforge"] = contextforge_row(work, upstream_port, options)
-                except BenchError as exc:  # toolhub's figures still count
+                except (BenchError, OSError, subprocess.SubprocessError) as exc:
                     log(f"ContextForge's row failed: {exc}")
                     raw["contextforge"] = {"note": f"ContextForge's row failed: {exc}"}
     finally:
@@ -975,6 +980,8 @@ def report(result: dict[str, Any], options: argparse.Namespace) -> Path:
     forge = raw.get("contextforge")
     if forge and "p50_ms" not in forge:
         out("ContextForge: " + forge["note"])
+    if "servers_failed" in raw:
+        out("ASGI servers: not measured: " + raw["servers_failed"])
     if "servers" in raw:
         from bench.servers import table
 

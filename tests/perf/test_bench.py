@@ -31,6 +31,9 @@ GOALS = [
 @pytest.mark.server
 def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: Path) -> None:
     output = tmp_path / "calls.json"
+    # The suite's PostgreSQL pass runs the bench's scale-out mode (its own PostgreSQL server
+    # and Redis, never the suite's database); the SQLite pass runs the embedded mode.
+    scale_out = os.environ.get("DATABASE_URL", "").startswith("postgres")
     tiny = [
         "--calls",
         "5",
@@ -48,11 +51,13 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
         "10,20",
         "--processes",  # one per core, whatever this machine has
         "2",
+        "--database",
+        "postgres" if scale_out else "sqlite",
     ]
     done = subprocess.run(
         [sys.executable, "bench/calls.py", *tiny, "--output", str(output)],
         cwd=ROOT,
-        # Its own throwaway SQLite state, never the suite's database (nor CI's PostgreSQL).
+        # Its own throwaway state, never the suite's database.
         env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
         capture_output=True,
         text=True,
@@ -61,12 +66,15 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
+    mode = "PostgreSQL and Redis" if scale_out else "SQLite, in-memory layer"
+    assert lines[0].startswith(f"toolhub call path, {mode},"), lines[0]
     for goal in GOALS:
         (line,) = [line for line in lines if line.startswith(goal)]
         assert " MET" in line, line  # MET or NOT MET, with a measured value
         assert "n/a" not in line
     assert "toolhub no-op tool (core__get_current_time)" in done.stdout  # the side-by-side table
     saved = json.loads(output.read_text())
+    assert saved["database"] == ("postgresql" if scale_out else "sqlite")
     assert sorted(figure["goal"] for figure in saved["figures"]) == sorted(GOALS)
     assert all(figure["value"] is not None for figure in saved["figures"])
     per_core = saved["raw"]["per_core"]
