@@ -32,6 +32,7 @@ bench/results/calls-<date>-<database>.json. Nothing here asserts on timings.
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import contextlib
 import glob
@@ -438,7 +439,10 @@ def validation_p50_us(samples: int) -> tuple[float, float]:
     approval are bound to)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
     os.environ.setdefault("TOOLHUB_SECRET_KEY", secrets.token_urlsafe(50))
-    os.environ.setdefault("TOOLHUB_VAR_DIR", tempfile.mkdtemp(prefix="toolhub-bench-driver-"))
+    if "TOOLHUB_VAR_DIR" not in os.environ:  # this process's settings only have to load
+        driver_dir = tempfile.mkdtemp(prefix="toolhub-bench-driver-")
+        atexit.register(shutil.rmtree, driver_dir, True)
+        os.environ["TOOLHUB_VAR_DIR"] = driver_dir
     os.environ.setdefault(
         "TOOLHUB_ENCRYPTION_KEY", base64.urlsafe_b64encode(os.urandom(32)).decode()
     )
