@@ -8,6 +8,7 @@ from django.contrib.auth.models import Permission
 from django.db.models import Q
 
 from apps.connections.models import Connection, Grant
+from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
 
 if TYPE_CHECKING:
@@ -19,12 +20,21 @@ USE = "connections.use_connection"
 def can_use_connection(user: User, connection: Connection) -> bool:
     """What `user.has_perm(USE) or user.has_perm(USE, connection)` answers (ModelBackend's
     global permission, guardian's object permission, each direct or through a group), in
-    one query instead of their four: the runner asks it on every call with a connection
-    (issue 13). Nothing is cached, so a revocation holds on the next call."""
+    one query instead of their four, and cached per process until the authorization epoch
+    changes: the runner asks it on every call with a connection (issue 13). Granting or
+    revoking it, a group membership or a user's flags changes the epoch, so a revocation
+    holds on the next call in every process."""
     if not user.is_active:
         return False
     if user.is_superuser:
         return True
+    return _USE.get((user.pk, connection.pk), lambda: _holds_use(user, connection))
+
+
+_USE = EpochCache("use_connection")
+
+
+def _holds_use(user: User, connection: Connection) -> bool:
     app_label, codename = USE.split(".")
     on_connection = str(connection.pk)
     return (
