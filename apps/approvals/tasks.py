@@ -35,8 +35,10 @@ def run_approved_call(approval_id: str) -> str:
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations import runner
 
+    # Not the tool: the re-checks look it up themselves (from the catalog's cache), and
+    # its schemas are the largest thing a join here would decode.
     approval = (
-        ApprovalRequest.objects.select_related("tool", "tenant", "invocation", "requested_by")
+        ApprovalRequest.objects.select_related("tenant", "invocation", "requested_by")
         .filter(pk=approval_id)
         .first()
     )

@@ -160,3 +160,27 @@ def test_a_worker_process_pushes_its_events_from_one_loop_of_its_own(caller):
         "tool_call_result",
     ]
     loop.call_soon_threadsafe(loop.stop)
+
+
+def test_an_approved_call_whose_tool_was_disabled_while_it_waited_is_refused_not_run(
+    caller, operator, tally
+):
+    """The re-checks stay (the world may change while a call waits): a refusal is recorded,
+    in the transaction that claims the call."""
+    from apps.tools.models import Tool
+
+    _, approval = hold(caller, TALLY, args=tally.args("disabled"), runId="run-disabled")
+    decisions.decide(approval.pk, operator, "approve")
+    Tool.objects.filter(pk=TALLY).update(enabled=False)
+
+    drain_queue()
+
+    assert tally.count("disabled") == 0
+    record = record_of(approval)
+    assert (record.status, record.error_code) == ("failed", "unavailable")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.FAILED and approval.claimed_at is not None
+    assert event_types(caller.tenant, "run-disabled")[-2:] == [
+        "tool_call_start",
+        "tool_call_result",
+    ]
