@@ -12,6 +12,7 @@ import hashlib
 import logging
 import threading
 from collections import deque
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NotRequired, TypedDict
 
@@ -70,6 +71,17 @@ def tenant_group(tenant_id: int) -> str:
     return f"tenant.{tenant_id}"
 
 
+@dataclass(frozen=True)
+class Event:
+    """An event to emit: its type, the call it is about, and its own fields."""
+
+    type: EventType
+    tool_call_id: str
+    tool_id: str
+    fields: dict[str, Any]
+    at: datetime | None = None
+
+
 def emit(
     tenant: Tenant,
     run_id: str,
@@ -80,33 +92,51 @@ def emit(
     at: datetime | None = None,
     **fields: Any,
 ) -> EventMessage:
-    at = at or timezone.now()
+    return emit_many(tenant, run_id, [Event(type, tool_call_id, tool_id, fields, at)])[0]
+
+
+def emit_many(tenant: Tenant, run_id: str, batch: list[Event]) -> list[EventMessage]:
+    """Persist events of one run with consecutive numbers, and push them after commit.
+
+    Several events (a quick call's start and result) take one number allocation and
+    one insert between them (issue 13)."""
     # Inside the caller's transaction (the runner's record and its event) no savepoint of
     # its own: an error rolls the whole transaction back anyway (issue 13: round trips).
     with transaction.atomic(savepoint=False):
-        seq = Run.objects.next_seq(tenant, run_id)
-        message: EventMessage = {
-            "v": EVENT_VERSION,
-            "seq": seq,
-            "type": type,
-            "runId": run_id,
-            "toolCallId": tool_call_id,
-            "toolId": tool_id,
-            "at": at.isoformat().replace("+00:00", "Z"),
-            **fields,  # type: ignore[typeddict-item]
-        }
-        RunEvent.objects.create(
-            tenant=tenant,
-            run_id=run_id,
-            seq=seq,
-            type=type,
-            tool_call_id=tool_call_id,
-            tool_id=tool_id,
-            message=message,
-            at=at,
-        )
-        transaction.on_commit(lambda: _push(tenant.pk, run_id, message))
-    return message
+        first = Run.objects.next_seq(tenant, run_id, count=len(batch)) - len(batch) + 1
+        messages: list[EventMessage] = []
+        rows = []
+        for seq, event in enumerate(batch, start=first):
+            at = event.at or timezone.now()
+            message: EventMessage = {
+                "v": EVENT_VERSION,
+                "seq": seq,
+                "type": event.type,
+                "runId": run_id,
+                "toolCallId": event.tool_call_id,
+                "toolId": event.tool_id,
+                "at": at.isoformat().replace("+00:00", "Z"),
+                **event.fields,  # type: ignore[typeddict-item]
+            }
+            messages.append(message)
+            rows.append(
+                RunEvent(
+                    tenant=tenant,
+                    run_id=run_id,
+                    seq=seq,
+                    type=event.type,
+                    tool_call_id=event.tool_call_id,
+                    tool_id=event.tool_id,
+                    message=message,
+                    at=at,
+                )
+            )
+        if len(rows) == 1:
+            rows[0].save(force_insert=True)
+        else:
+            RunEvent.objects.bulk_create(rows)
+        transaction.on_commit(lambda: _push_all(tenant.pk, run_id, messages))
+    return messages
 
 
 # The event loop of the ASGI server in this process, remembered by every HTTP request
@@ -200,6 +230,11 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
     else:
         # No server loop in this process (a management command, the test client).
         async_to_sync(layer.group_send)(group, envelope)
+
+
+def _push_all(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:
+    for message in messages:
+        _push(tenant_id, run_id, message)
 
 
 def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:

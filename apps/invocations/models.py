@@ -180,8 +180,9 @@ class AdmittedCall(models.Model):
 
 
 class RunQuerySet(models.QuerySet["Run"]):
-    def next_seq(self, tenant: Tenant, run_id: str) -> int:
-        """Allocate the run's next event number; call inside a transaction.
+    def next_seq(self, tenant: Tenant, run_id: str, count: int = 1) -> int:
+        """Allocate the run's next event number (or `count` of them, returning the last);
+        call inside a transaction.
 
         The UPDATE locks the run's row until commit, so concurrent emitters on
         one run take numbers one after another and commit in that order.
@@ -192,19 +193,19 @@ class RunQuerySet(models.QuerySet["Run"]):
         quote = db.ops.quote_name
         with db.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {quote(Run._meta.db_table)} SET last_seq = last_seq + 1 "  # noqa: S608
+                f"UPDATE {quote(Run._meta.db_table)} SET last_seq = last_seq + %s "  # noqa: S608
                 "WHERE tenant_id = %s AND run_id = %s RETURNING last_seq",
-                [tenant.pk, run_id],
+                [count, tenant.pk, run_id],
             )
             row = cursor.fetchone()
         if row is not None:
             return int(row[0])
         try:
             with transaction.atomic(using=self.db):
-                self.create(tenant=tenant, run_id=run_id, last_seq=1)
+                self.create(tenant=tenant, run_id=run_id, last_seq=count)
         except IntegrityError:  # a concurrent emitter created it first: its row, our number
-            return self.next_seq(tenant, run_id)
-        return 1
+            return self.next_seq(tenant, run_id, count)
+        return count
 
 
 class Run(models.Model):

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,7 +61,7 @@ from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import ToolContext, ToolError, ToolParams, ToolUnavailable
-from apps.tools.models import Tool
+from apps.tools.models import Effect, Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
 from apps.tools.registry import RegisteredTool
@@ -104,6 +105,7 @@ class Call:
     request_hash: str = ""
     record: InvocationRecord | None = None
     context: ToolContext | None = field(default=None, repr=False)
+    started_at: datetime | None = None  # set when a quick call starts before its record
     dry_run: bool = False  # simulate(): checks only peek, never take a rate-limit slot
 
     @classmethod
@@ -319,12 +321,29 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
         held = hold_for_approval(call)
         if held is not None:
             return held
-        winner = record_start(call)
-        if winner is not None:
-            return winner
+        if records_late(call):
+            call.started_at = timezone.now()
+        else:
+            winner = record_start(call)
+            if winner is not None:
+                return winner
         return run_started(call)
     except Refusal as refusal:
         return record_refusal(call, refusal)
+
+
+QUICK_S = 0.05  # how long a read-only call may run before its start must be recorded
+
+
+def records_late(call: Call) -> bool:
+    """A read-only call without an idempotency key is recorded once, at its end, when it
+    ends within QUICK_S: the record, its tool_call_start and its tool_call_result in one
+    transaction instead of two (issue 13). Step 10 records the start as soon as the tool
+    takes longer, with the time it really started. Nothing is lost by waiting: a read-only
+    tool changes nothing, and its result leaves the process only after the record is
+    written. A key must be claimed (the record's insert) before anything runs."""
+    assert call.tool is not None
+    return call.tool.effect == Effect.READ_ONLY and call.request.idempotency_key is None
 
 
 def resume(
@@ -654,7 +673,7 @@ def record_start(call: Call) -> InvocationRecord | None:
     Returns the winning record when a concurrent call claimed the same key first.
     """
     assert call.tool is not None
-    now = timezone.now()
+    now = call.started_at or timezone.now()  # a quick call that outran QUICK_S: its start
     if call.record is not None:  # a held call, now approved (perhaps with edited args)
         call.record.status = Status.RUNNING
         call.record.started_at = now
@@ -713,6 +732,10 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
     )
     try:
+        if call.record is None:  # a quick call (records_late): record its start if it lingers
+            quick = min(QUICK_S, max(0.0, call.context.time_left()))
+            if not futures_wait([future], timeout=quick).done:
+                record_start(call)
         return _wait(call, future)
     except FutureTimeout:
         future.cancel()  # still queued for a thread: then it never starts
@@ -741,14 +764,15 @@ CANCEL_POLL_S = 0.25
 
 def _wait(call: Call, future: Future[Any]) -> Any:
     """The tool's result, polling for a cancellation request (POST .../cancel/) meanwhile."""
-    assert call.context is not None and call.record is not None
+    assert call.context is not None
     while True:
         remaining = call.context.time_left()
-        if remaining <= 0:
+        if remaining <= 0 and not future.done():
             raise FutureTimeout
         try:
-            return future.result(timeout=min(remaining, CANCEL_POLL_S))
+            return future.result(timeout=max(0.0, min(remaining, CANCEL_POLL_S)))
         except FutureTimeout:
+            assert call.record is not None  # a quick call is recorded once it lingers
             if InvocationRecord.objects.filter(pk=call.record.pk, cancel_requested=True).exists():
                 future.cancel()
                 call.context._cancel.set()
@@ -835,13 +859,11 @@ def record_result(call: Call, result: Any) -> InvocationRecord:
 def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
     """Any step's refusal: recorded like a result, start and result events included."""
     with transaction.atomic():  # the record and both its events, or none of them
-        if call.record is None:
-            call.record = InvocationRecord.objects.create(
-                **_record_fields(call), status=Status.FAILED, started_at=call.received_at
-            )
-            _no_approval(call.record)
-            _emit_start(call, call.received_at)
-        elif call.record.started_at is None:  # a held call that ends without running
+        if call.record is None:  # the record, its start and its result written at once
+            started_at = call.started_at or call.received_at
+            record = _unsaved_record(call, started_at)
+            return _close_record(record, ok=False, refusal=refusal, start=call, at=started_at)
+        if call.record.started_at is None:  # a held call that ends without running
             call.record.started_at = timezone.now()
             _emit_start(call, call.record.started_at)
         return _finish(call, ok=False, refusal=refusal)
@@ -872,11 +894,26 @@ def _record_fields(call: Call) -> dict[str, Any]:
     }
 
 
+def _unsaved_record(call: Call, started_at: datetime) -> InvocationRecord:
+    """The record of a call that ends before it was written (refused before step 8, or a
+    quick call): built here, written once by _close_record with its start event."""
+    call.record = InvocationRecord(  # no idempotency key: only step 8 claims one
+        **_record_fields(call), status=Status.RUNNING, started_at=started_at
+    )
+    _no_approval(call.record)
+    return call.record
+
+
 def _finish(
     call: Call, *, ok: bool, result: Any = None, refusal: Refusal | None = None
 ) -> InvocationRecord:
-    assert call.record is not None
-    return _close_record(call.record, ok=ok, result=result, refusal=refusal)
+    if call.record is not None:
+        return _close_record(call.record, ok=ok, result=result, refusal=refusal)
+    assert call.started_at is not None  # a quick call that ended within QUICK_S
+    record = _unsaved_record(call, call.started_at)
+    return _close_record(
+        record, ok=ok, result=result, refusal=refusal, start=call, at=call.started_at
+    )
 
 
 def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
@@ -885,7 +922,13 @@ def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
 
 
 def _close_record(
-    record: InvocationRecord, *, ok: bool, result: Any = None, refusal: Refusal | None = None
+    record: InvocationRecord,
+    *,
+    ok: bool,
+    result: Any = None,
+    refusal: Refusal | None = None,
+    start: Call | None = None,
+    at: datetime | None = None,
 ) -> InvocationRecord:
     """Store the outcome and emit tool_call_result in one transaction: a final record
     always has its result event, whatever kills the process (EVERY_RESULT_EMITTED)."""
@@ -900,9 +943,11 @@ def _close_record(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
-    with transaction.atomic():
-        record.save()
-        emit_result(record)
+    with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
+        record.save()  # an INSERT for a record built by _unsaved_record, else an UPDATE
+        # A record written only now (`start` given) has its start event written with it.
+        starting = [_start_event(start, at or record.started_at)] if start is not None else []
+        events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])
     _log(record)
     return record
 
@@ -910,6 +955,10 @@ def _close_record(
 def emit_result(record: InvocationRecord) -> None:
     """tool_call_result from a final record: on closing it, or by the sweeper for a
     record closed without one (apps.approvals.tasks.repair_missing_results)."""
+    events.emit_many(record.tenant, record.run_id, [_result_event(record)])
+
+
+def _result_event(record: InvocationRecord) -> events.Event:
     outcome: dict[str, Any] = {
         "ok": record.ok,
         "durationMs": record.duration_ms,
@@ -922,14 +971,7 @@ def emit_result(record: InvocationRecord) -> None:
         outcome["safeMessage"] = record.safe_message
     if record.retry_after_ms is not None:
         outcome["retryAfterMs"] = record.retry_after_ms
-    events.emit(
-        record.tenant,
-        record.run_id,
-        "tool_call_result",
-        tool_call_id=record.tool_call_id,
-        tool_id=record.tool_ref,
-        **outcome,
-    )
+    return events.Event("tool_call_result", record.tool_call_id, record.tool_ref, outcome)
 
 
 def _log(record: InvocationRecord) -> None:
@@ -951,13 +993,10 @@ def _log(record: InvocationRecord) -> None:
 
 def _emit_start(call: Call, at: datetime) -> None:
     assert call.record is not None
-    events.emit(
-        call.caller.tenant,
-        call.run_id,
-        "tool_call_start",
-        tool_call_id=call.tool_call_id,
-        tool_id=call.tool_ref[:200],
-        at=at,
-        args=call.record.args,
-        invocationId=str(call.record.pk),
-    )
+    events.emit_many(call.caller.tenant, call.run_id, [_start_event(call, at)])
+
+
+def _start_event(call: Call, at: datetime) -> events.Event:
+    assert call.record is not None
+    fields = {"args": call.record.args, "invocationId": str(call.record.pk)}
+    return events.Event("tool_call_start", call.tool_call_id, call.tool_ref[:200], fields, at)
