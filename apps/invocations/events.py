@@ -152,6 +152,7 @@ def remember_server_loop() -> None:
 
 
 OUTBOX_LIMIT = 10_000  # pushes waiting for the layer; past it they are dropped (and logged)
+SEND_TIMEOUT_S = 5.0  # one send; a layer slower than this is treated as failing
 
 
 class Outbox:
@@ -160,8 +161,9 @@ class Outbox:
     A view or worker thread does not wait for the layer (issue 13: the wait was a round
     trip to the loop, twice per call): the event is already committed, and the order of
     sends is the order of commits in this process, which a subscriber's sequence check
-    relies on. A layer that is down or slow makes the queue grow to OUTBOX_LIMIT, then
-    drops: subscribers re-read the database when they see the gap, or on reconnect.
+    relies on. A send that fails or takes over SEND_TIMEOUT_S drops the sends waiting
+    behind it, and a queue past OUTBOX_LIMIT drops new ones: the events are in the
+    database, and subscribers re-read it when they see the gap, or on reconnect.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -189,16 +191,27 @@ class Outbox:
         while self.pending:
             layer, group, envelope = self.pending.popleft()
             try:
-                await layer.group_send(group, envelope)
+                await asyncio.wait_for(layer.group_send(group, envelope), SEND_TIMEOUT_S)
             except Exception:
                 # The event is already persisted: a subscriber that missed the push
-                # catches up from the database (gap, or reconnect with ?after=).
+                # catches up from the database (gap, or reconnect with ?after=). A layer
+                # that fails or hangs (Redis restarting) would hold every later push
+                # behind this one, so the waiting ones are dropped too: the feeds re-read
+                # the database once the layer answers again.
                 event = envelope.get("event", {})
                 logger.exception(
                     "could not push event %s#%s to the channel layer",
                     event.get("runId"),
                     event.get("seq"),
                 )
+                if self.pending:
+                    logger.error(
+                        "channel layer failing: %s waiting pushes dropped (streams catch up "
+                        "from the database)",
+                        len(self.pending),
+                    )
+                    self.dropped += len(self.pending)
+                    self.pending.clear()
 
 
 _outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}

@@ -479,6 +479,7 @@ def check_connection(call: Call) -> None:
     connection = (
         Connection.objects.filter(tenant=caller.tenant, pk=requested)
         .filter(pk__in=granted.values("connection"))
+        .order_by()  # one row by pk: no join for the model's ordering (issue 13)
         .first()
         if requested
         else None

@@ -65,6 +65,7 @@ def test_a_failing_send_is_logged_and_the_next_ones_still_go(
     asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
     outbox = events.outbox(server_loop)
     outbox.hand(layer, "bad group name!", {"type": "run.event", "event": {"seq": 1}})
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), server_loop).result(5)
     outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 2, "runId": "r"}})
     message = asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(5)
     assert message["event"]["seq"] == 2
@@ -93,3 +94,31 @@ def test_a_full_outbox_drops_and_says_so(
     server_loop.call_soon_threadsafe(gate.set)
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), server_loop).result(5)
     assert not outbox.pending  # the waiting sends went once the layer answered
+
+
+def test_a_hanging_layer_drops_the_waiting_pushes_instead_of_holding_them(
+    server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """Redis restarting: a send that hangs must not hold every later event behind it."""
+    monkeypatch.setattr(events, "SEND_TIMEOUT_S", 0.05)
+    hang = True
+
+    class Restarting(InMemoryChannelLayer):
+        async def group_send(self, group: str, message: dict[str, Any]) -> None:
+            if hang:
+                await asyncio.sleep(10)
+            await super().group_send(group, message)
+
+    layer = Restarting()
+    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
+    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    outbox = events.Outbox(server_loop)
+    for seq in range(1, 4):
+        outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": seq}})
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), server_loop).result(5)
+    assert not outbox.pending and outbox.dropped == 2
+    assert "waiting pushes dropped" in caplog.text
+    hang = False  # the layer is back: the next event goes at once
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 4}})
+    message = asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(5)
+    assert message["event"]["seq"] == 4
