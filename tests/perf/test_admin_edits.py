@@ -7,6 +7,7 @@ test's process, as the admin site would, and each server is asked right after.""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 from guardian.shortcuts import assign_perm, remove_perm
 
-from apps.policies.models import PolicyRule
+from apps.policies.models import Policy, PolicyRule
+from apps.tenants.models import ApiKey
 from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow, make_agent
@@ -36,15 +38,18 @@ def call(base: str, agent: Agent) -> dict[str, Any]:
         headers={"Authorization": f"Bearer {agent.key}", "Content-Type": "application/json"},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        body: dict[str, Any] = json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body: dict[str, Any] = json.loads(response.read())
+    except urllib.error.HTTPError as refused:  # 401: a revoked key
+        return {"ok": False, "errorCode": refused.code}
     return body
 
 
-def outcomes(servers: tuple[Server, Server], agent: Agent) -> list[str]:
+def outcomes(servers: tuple[Server, Server], agent: Agent) -> list[str | int]:
     """What each server answers now: "ok" or the error code; twice each, so a server
     that answered from a cache filled by the first call would show it on the second."""
-    answers = []
+    answers: list[str | int] = []
     for base in (*servers, *servers):
         body = call(base, agent)
         answers.append("ok" if body["ok"] else body["errorCode"])
@@ -80,3 +85,19 @@ def test_it_applies_an_admins_edit_on_the_next_call_in_every_process(
 
     policy.tools.remove(tool)  # the policy no longer lists it: deny by default
     assert outcomes(servers, agent) == ["policy_denied"] * 4
+    policy.tools.add(tool)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    service_user = ApiKey.objects.get(tenant=agent.tenant).user
+    service_user.groups.remove(agents_group(agent.tenant))  # out of the group holding the grant
+    assert outcomes(servers, agent) == ["authz_denied"] * 4
+    service_user.groups.add(agents_group(agent.tenant))
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    Policy.objects.filter(pk=policy.pk).update(enabled=False)  # the admin's bulk action
+    assert outcomes(servers, agent) == ["policy_denied"] * 4
+    Policy.objects.filter(pk=policy.pk).update(enabled=True)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
+    ApiKey.objects.get(tenant=agent.tenant).revoke()  # the key is refused everywhere at once
+    assert outcomes(servers, agent) == [401] * 4
