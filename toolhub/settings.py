@@ -119,6 +119,7 @@ def _database(url: str) -> dict[str, object]:
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":
+        config["ENGINE"] = "toolhub.sqlite3"  # Django's, with one process's writers queued
         # WAL lets readers run while one writer writes; IMMEDIATE transactions take
         # the write lock up front so concurrent writers wait (busy timeout) instead
         # of failing with "database is locked" on a lock upgrade.

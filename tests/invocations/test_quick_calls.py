@@ -51,6 +51,7 @@ def test_a_quick_read_only_call_writes_its_record_and_both_events_at_once(
     assert result.seq == start.seq + 1
     assert start.message["invocationId"] == result.message["invocationId"] == body["invocationId"]
     record = InvocationRecord.objects.get(pk=body["invocationId"])
+    assert record.started_at is not None and record.ended_at is not None
     assert record.status == Status.SUCCEEDED and record.started_at <= record.ended_at
     assert parse(start.message["at"]) == record.started_at
 
@@ -79,7 +80,7 @@ def test_a_read_only_call_that_lingers_is_recorded_as_running_while_it_runs(
     assert seen_after >= runner.QUICK_S  # not before it lingered
     start, result = events_of("run-slow")
     assert (start.type, result.type) == ("tool_call_start", "tool_call_result")
-    record = InvocationRecord.objects.get(pk=answers[0]["invocationId"])
+    record = InvocationRecord.objects.get(pk=str(answers[0]["invocationId"]))
     assert record.status == Status.SUCCEEDED
     # The start is when the tool started, not when its record was written.
     assert parse(start.message["at"]) == record.started_at == running.started_at
