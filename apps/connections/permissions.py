@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.contrib.auth.models import Permission
-from django.db.models import Q
-
 from apps.connections.models import Connection, Grant
-from apps.tenants.epoch import EpochCache
+from apps.tenants import object_permissions
 from apps.tenants.models import Tenant
 
 if TYPE_CHECKING:
@@ -18,38 +15,10 @@ USE = "connections.use_connection"
 
 
 def can_use_connection(user: User, connection: Connection) -> bool:
-    """What `user.has_perm(USE) or user.has_perm(USE, connection)` answers (ModelBackend's
-    global permission, guardian's object permission, each direct or through a group), in
-    one query instead of their four, and cached per process until the authorization epoch
-    changes: the runner asks it on every call with a connection (issue 13). Granting or
-    revoking it, a group membership or a user's flags changes the epoch, so a revocation
-    holds on the next call in every process."""
-    if not user.is_active:
-        return False
-    if user.is_superuser:
-        return True
-    return _USE.get((user.pk, connection.pk), lambda: _holds_use(user, connection))
-
-
-_USE = EpochCache("use_connection")
-
-
-def _holds_use(user: User, connection: Connection) -> bool:
-    app_label, codename = USE.split(".")
-    on_connection = str(connection.pk)
-    return (
-        Permission.objects.filter(content_type__app_label=app_label, codename=codename)
-        .filter(
-            Q(user=user)
-            | Q(group__user=user)
-            | Q(userobjectpermission__user=user, userobjectpermission__object_pk=on_connection)
-            | Q(
-                groupobjectpermission__group__user=user,
-                groupobjectpermission__object_pk=on_connection,
-            )
-        )
-        .exists()
-    )
+    """`user.has_perm(USE) or user.has_perm(USE, connection)`, in one query and cached
+    under the authorization epoch (apps/tenants/object_permissions.py): the runner asks it
+    on every call with a connection (issue 13)."""
+    return object_permissions.holds(user, USE, connection)
 
 
 def usable_connections(

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.contrib.auth.models import Permission
-from django.db.models import Exists, Q, QuerySet
+from django.db.models import Exists, Q
 from guardian.models import GroupObjectPermission, UserObjectPermission
 
-from apps.tenants.epoch import EpochCache
+from apps.tenants import object_permissions
 from apps.tools.models import Tool, ToolQuerySet
 
 if TYPE_CHECKING:
@@ -24,43 +23,10 @@ DECIDE = "tools.decide_approval"
 
 
 def can_execute(user: User, tool: Tool) -> bool:
-    """What `user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool)` answers (ModelBackend's
-    global permission, guardian's object permission, each direct or through a group), in
-    one query instead of their four, and cached per process until the authorization epoch
-    changes: this runs on every call (issue 13). A revocation changes the epoch, so it
-    holds on the next call in every process."""
-    if not user.is_active:
-        return False
-    if user.is_superuser:
-        return True
-    return _EXECUTE.get((user.pk, tool.pk), lambda: _holds_execute(user, tool))
-
-
-# Answers as of the authorization epoch: granting or revoking a permission, a group
-# membership or a user's flags changes it, so the next call asks again (issue 13).
-_EXECUTE = EpochCache("execute_tool")
-
-
-def _holds_execute(user: User, tool: Tool) -> bool:
-    on_tool = str(tool.pk)
-    return (
-        _execute_permission()
-        .filter(
-            Q(user=user)
-            | Q(group__user=user)
-            | Q(userobjectpermission__user=user, userobjectpermission__object_pk=on_tool)
-            | Q(
-                groupobjectpermission__group__user=user,
-                groupobjectpermission__object_pk=on_tool,
-            )
-        )
-        .exists()
-    )
-
-
-def _execute_permission() -> QuerySet[Permission]:
-    app_label, codename = EXECUTE.split(".")
-    return Permission.objects.filter(content_type__app_label=app_label, codename=codename)
+    """`user.has_perm(EXECUTE) or user.has_perm(EXECUTE, tool)`, in one query and cached
+    under the authorization epoch (apps/tenants/object_permissions.py): this runs on every
+    call (issue 13)."""
+    return object_permissions.holds(user, EXECUTE, tool)
 
 
 def executable_tools(user: User) -> ToolQuerySet:
@@ -72,7 +38,7 @@ def executable_tools(user: User) -> ToolQuerySet:
         return usable.none()
     if user.is_superuser:
         return usable
-    permission = _execute_permission()
+    permission = object_permissions.permission(EXECUTE)
     held_globally = Exists(permission.filter(Q(user=user) | Q(group__user=user)))
     by_user = UserObjectPermission.objects.filter(permission__in=permission, user=user)
     by_group = GroupObjectPermission.objects.filter(permission__in=permission, group__user=user)
