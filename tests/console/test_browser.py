@@ -151,10 +151,23 @@ def test_the_console_is_usable_at_390_px(test_tools, make_operator, new_context)
         expect(page).to_have_title("(1) Pending calls · toolhub")
         no_sideways_scroll(page)
         review = row.get_by_role("link", name="Review")
-        expect(review).to_be_visible()  # the live queue may be swapping its rows right now
-        box = review.bounding_box()
-        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
-        assert box["height"] >= 32  # a thumb can hit it
+        expect(review).to_be_visible()
+        # The live queue may swap its rows at any moment (a re-render on a stream event), so
+        # the link is found and measured in one step in the page, not by a handle that the
+        # swap can detach between two calls.
+        box = page.wait_for_function(
+            """(id) => {
+              const row = document.querySelector(`tr[data-approval-id="${id}"]`);
+              const link = row && [...row.querySelectorAll("a")].find(
+                (a) => a.textContent.trim() === "Review");
+              const r = link && link.getBoundingClientRect();
+              return r && r.width > 0 ? {x: r.x, width: r.width, height: r.height} : null;
+            }""",
+            arg=held["approvalId"],
+            timeout=TIMEOUT_MS,
+        ).json_value()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
+        assert box["height"] >= 32, box  # a thumb can hit it
         screenshot(page, "queue-390")
 
         review.click()
