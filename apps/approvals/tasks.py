@@ -8,7 +8,9 @@ transaction that records its start, and a claimed call is never run again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef
@@ -17,11 +19,19 @@ from django.utils import timezone
 
 from apps.approvals import wake  # noqa: F401  (wakes workers on every enqueue)
 
+if TYPE_CHECKING:
+    from apps.approvals.models import ApprovalRequest
+
 logger = logging.getLogger(__name__)
 
 # An approved call still unclaimed after this long lost its queue entry (a worker
 # died holding it): the sweeper enqueues it again.
 ORPHAN_AFTER = timedelta(seconds=60)
+# A worker claims several entries at once (apps.approvals.worker.CLAIM_BATCH). An
+# approved call whose entry was claimed longer ago than this and has not started (the
+# worker died holding its batch) is enqueued again without waiting for ORPHAN_AFTER.
+# Safe even when the worker is only slow: the call's own claim lets one run it.
+LEASE = timedelta(seconds=10)
 # A queue entry for anything but an approved call (a notification) still RUNNING
 # after this long belongs to a dead worker.
 ENTRY_STALE_AFTER = timedelta(minutes=10)
@@ -32,18 +42,51 @@ REPAIR_WINDOW = timedelta(days=1)
 
 @task()
 def run_approved_call(approval_id: str) -> str:
+    return run_approved_calls([approval_id])[approval_id]
+
+
+def run_approved_calls(approval_ids: list[str]) -> dict[str, str]:
+    """Run a worker's batch of approved calls, one after another; the outcome per id.
+
+    One query reads every approval of the batch, and one statement per outcome writes
+    the approvals' final states at the end (issue 13: per-call statements). Each call is
+    still claimed (approved -> executing) in the transaction that records its start,
+    after its own re-checks: a cancel that lands before that claim wins, and of two
+    workers holding entries for one call exactly one runs it. A worker killed after its
+    calls' records closed leaves them `executing`; settle_interrupted makes them final."""
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations import runner
 
     # Not the tool: the re-checks look it up themselves (from the catalog's cache), and
     # its schemas are the largest thing a join here would decode.
-    approval = (
-        ApprovalRequest.objects.select_related("tenant", "invocation", "requested_by")
-        .filter(pk=approval_id)
-        .first()
-    )
-    if approval is None or approval.status != ApprovalStatus.APPROVED:
-        return approval.status if approval else "missing"
+    approvals = {
+        str(approval.pk): approval
+        for approval in ApprovalRequest.objects.select_related(
+            "tenant", "invocation", "requested_by"
+        ).filter(pk__in=approval_ids)
+    }
+    outcomes: dict[str, str] = {}
+    finished: dict[str, list[str]] = {}
+    for approval_id in approval_ids:
+        approval = approvals.get(approval_id)
+        if approval is None or approval.status != ApprovalStatus.APPROVED:
+            outcomes[approval_id] = approval.status if approval else "missing"
+            continue
+        record = runner.resume(approval, _claimer(approval))
+        if record is None:
+            approval.refresh_from_db(fields=["status"])
+            outcomes[approval_id] = str(approval.status)
+            continue
+        approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
+        outcomes[approval_id] = str(approval.status)
+        finished.setdefault(approval.status, []).append(approval_id)
+    for status, ids in finished.items():
+        ApprovalRequest.objects.filter(pk__in=ids).update(status=status)
+    return outcomes
+
+
+def _claimer(approval: ApprovalRequest) -> Callable[[], bool]:
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
     def claim() -> bool:
         """approved -> executing, in the transaction that records the call's start: of
@@ -55,13 +98,7 @@ def run_approved_call(approval_id: str) -> str:
         ).update(status=ApprovalStatus.EXECUTING, claimed_at=approval.claimed_at)
         return claimed == 1
 
-    record = runner.resume(approval, claim)
-    if record is None:
-        approval.refresh_from_db(fields=["status"])
-        return str(approval.status)
-    approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
-    ApprovalRequest.objects.filter(pk=approval.pk).update(status=approval.status)
-    return str(approval.status)
+    return claim
 
 
 @task()
@@ -91,18 +128,28 @@ def sweep() -> dict[str, int]:
         for pk in ApprovalRequest.objects.overdue().values_list("pk", flat=True)[:500]
     )
 
+    now = timezone.now()
+    entries = DBTaskResult.objects.filter(task_path=run_approved_call.module_path)
     waiting = {
         entry["args"][0]
-        for entry in DBTaskResult.objects.filter(
-            status=TaskResultStatus.READY, task_path=run_approved_call.module_path
+        for entry in entries.filter(status=TaskResultStatus.READY).values_list(
+            "args_kwargs", flat=True
+        )
+    }
+    # Claimed within the lease: its worker is taken to be alive and about to run it.
+    leased = {
+        entry["args"][0]
+        for entry in entries.filter(
+            status=TaskResultStatus.RUNNING, started_at__gt=now - LEASE
         ).values_list("args_kwargs", flat=True)
     }
     orphaned = [
         pk
-        for pk in ApprovalRequest.objects.filter(
-            status=ApprovalStatus.APPROVED, decided_at__lte=timezone.now() - ORPHAN_AFTER
-        ).values_list("pk", flat=True)[:500]
+        for pk, decided_at in ApprovalRequest.objects.filter(
+            status=ApprovalStatus.APPROVED, decided_at__lte=now - LEASE
+        ).values_list("pk", "decided_at")[:500]
         if str(pk) not in waiting
+        and (str(pk) not in leased or decided_at is None or decided_at <= now - ORPHAN_AFTER)
     ]
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)

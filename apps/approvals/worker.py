@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 SWEEP_EVERY_S = 10.0
 # Polling is only the safety net behind the commit wake-up.
 POLL_EVERY_S = 2.0
+# Entries one worker claims in one statement (issue 13: per-call round trips). Small:
+# a slow tool holds the rest of its batch, which another worker could be running.
+CLAIM_BATCH = 16
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 
@@ -65,13 +68,16 @@ class Backoff:
 class ToolhubWorker(Worker):
     """django-tasks-db's worker, made to survive its database and to wake on commit."""
 
-    def __init__(self, *args: object, listen: bool = True, **kwargs: object) -> None:
+    def __init__(
+        self, *args: object, listen: bool = True, claim_batch: int = 1, **kwargs: object
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.listen = listen
         self.backoff = Backoff(f"task worker {self.worker_id}")
-        # A queue entry whose outcome could not be written (the database went away
-        # while its task ran): written once the database is back.
-        self.unsettled: DBTaskResult | None = None
+        self.claim_batch = claim_batch
+        # Queue entries whose outcome could not be written (the database went away
+        # while their tasks ran): written once the database is back.
+        self.unsettled: list[DBTaskResult] = []
 
     def run(self) -> None:
         logger.info("Starting worker worker_id=%s", self.worker_id)
@@ -96,39 +102,82 @@ class ToolhubWorker(Worker):
             if listener is not None:
                 listener.stopped.set()
 
-    def run_next(self) -> DBTaskResult | None:
-        """Claim and run one ready entry; None when there is none.
+    def run_next(self) -> list[DBTaskResult] | None:
+        """Claim and run up to `claim_batch` ready entries; None when there is none.
 
         The worker keeps its database connection from one entry to the next (a new one
         per entry cost milliseconds of every decision's latency); one that failed is
         dropped by `run` and opened again on the next attempt."""
         self.settle_unsettled()
         try:
-            entry = self.claim()
+            entries = self.claim_many(self.claim_batch)
         except OperationalError as error:
             if is_locked_database_exception(error):  # SQLite busy: try again soon
                 return None
             raise
-        if entry is None:
+        if not entries:
             return None
-        self.unsettled = entry
-        self.run_task(entry)  # writes the outcome; raises if the database is gone
-        self.unsettled = None
-        return entry
+        self.unsettled = list(entries)
+        self.run_entries(entries)  # writes the outcomes; raises if the database is gone
+        self.unsettled = []
+        return entries
+
+    def run_entries(self, entries: list[DBTaskResult]) -> None:
+        """Approved calls run as one batch (tasks.run_approved_calls) without the task
+        framework's per-entry work, and their entries end in one statement per outcome;
+        anything else runs as django-tasks-db runs it."""
+        calls = [entry for entry in entries if entry.task_path == _APPROVED_CALL]
+        for entry in entries:
+            if entry.task_path != _APPROVED_CALL:
+                self.run_task(entry)
+                self.unsettled.remove(entry)
+        if not calls:
+            return
+        try:
+            outcomes = tasks.run_approved_calls([entry.args_kwargs["args"][0] for entry in calls])
+        except OperationalError:
+            raise
+        except Exception:
+            # One call broke the batch: each entry again on its own, so its failure is
+            # recorded on its entry (calls already run are no longer approved: skipped).
+            logger.exception("a batch of approved calls failed; running its entries one by one")
+            for entry in calls:
+                self.run_task(entry)
+            return
+        self._run_tasks += len(calls)
+        finished: dict[str, list[str]] = {}
+        for entry in calls:
+            finished.setdefault(outcomes[entry.args_kwargs["args"][0]], []).append(entry.pk)
+        now = timezone.now()
+        for outcome, ids in finished.items():
+            DBTaskResult.objects.filter(pk__in=ids).update(
+                status=TaskResultStatus.SUCCESSFUL,
+                finished_at=now,
+                return_value=outcome,
+                exception_class_path="",
+                traceback="",
+            )
 
     def claim(self) -> DBTaskResult | None:
-        """The next ready entry, marked RUNNING for this worker. On PostgreSQL one
-        statement (UPDATE .. FOR UPDATE SKIP LOCKED .. RETURNING): one round trip
-        instead of BEGIN, SELECT, UPDATE, COMMIT; concurrent workers skip each other's."""
+        """The next ready entry, marked RUNNING for this worker."""
+        entries = self.claim_many(1)
+        return entries[0] if entries else None
+
+    def claim_many(self, limit: int) -> list[DBTaskResult]:
+        """Up to `limit` ready entries in queue order, marked RUNNING for this worker. On
+        PostgreSQL one statement (UPDATE .. FOR UPDATE SKIP LOCKED .. RETURNING): one round
+        trip instead of BEGIN, SELECT, UPDATE, COMMIT; concurrent workers skip each
+        other's. A worker killed holding a batch leaves its entries RUNNING: the sweeper
+        enqueues their calls again after tasks.LEASE."""
         if connection.vendor != "postgresql":
             ready = DBTaskResult.objects.ready().filter(
                 backend_name=self.backend_name, queue_name__in=self.queue_names
             )
             with exclusive_transaction(ready.db):
-                entry = ready.get_locked()
-                if entry is not None:
+                entries = list(ready.select_for_update(skip_locked=True)[:limit])
+                for entry in entries:
                     entry.claim(self.worker_id)
-            return entry
+            return entries
         now = timezone.now()
         claimed = DBTaskResult.objects.raw(
             _CLAIM_SQL,
@@ -141,15 +190,18 @@ class ToolhubWorker(Worker):
                 list(self.queue_names),
                 get_date_max(),
                 now,
+                limit,
             ],
         )
-        return next(iter(claimed), None)
+        return sorted(claimed, key=lambda e: (-e.priority, e.run_after, e.enqueued_at))
 
     def settle_unsettled(self) -> None:
-        entry, self.unsettled = self.unsettled, None
-        if entry is None:
+        entries, self.unsettled = self.unsettled, []
+        if not entries:
             return
-        DBTaskResult.objects.filter(pk=entry.pk, status="RUNNING").update(
+        DBTaskResult.objects.filter(
+            pk__in=[entry.pk for entry in entries], status="RUNNING"
+        ).update(
             status="FAILED",
             finished_at=timezone.now(),
             exception_class_path="django.db.utils.OperationalError",
@@ -157,18 +209,19 @@ class ToolhubWorker(Worker):
         )
 
 
+_APPROVED_CALL = tasks.run_approved_call.module_path
 _TABLE = DBTaskResult._meta.db_table
 # django-tasks-db's ready() and ordering (its partial index serves the inner SELECT),
 # claimed as DBTaskResult.claim does it.
 _CLAIM_SQL = f"""
 UPDATE {_TABLE}
 SET status = %s, started_at = %s, worker_ids = worker_ids || jsonb_build_array(%s::text)
-WHERE id = (
+WHERE id IN (
     SELECT id FROM {_TABLE}
     WHERE status = %s AND backend_name = %s AND queue_name = ANY(%s)
       AND (run_after = %s OR run_after <= %s)
     ORDER BY priority DESC, run_after ASC, enqueued_at ASC
-    LIMIT 1
+    LIMIT %s
     FOR UPDATE SKIP LOCKED
 )
 RETURNING *
@@ -187,6 +240,7 @@ def build_worker(
     interval: float = POLL_EVERY_S,
     batch: bool = False,
     listen: bool = True,
+    claim_batch: int = CLAIM_BATCH,
 ) -> ToolhubWorker:
     return ToolhubWorker(
         queue_names=["default"],
@@ -198,6 +252,7 @@ def build_worker(
         worker_id=worker_id or f"{socket.gethostname()}-{os.getpid()}"[:64],
         excluded_queue_names=[],
         listen=listen,
+        claim_batch=claim_batch,
     )
 
 

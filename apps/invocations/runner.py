@@ -680,7 +680,9 @@ def record_start(call: Call) -> InvocationRecord | None:
         call.record.started_at = now
         call.record.args = call.redacted_args()
         call.record.request_hash = call.request_hash
-        with transaction.atomic():  # a running record always has its start event
+        # A running record always has its start event. Inside resume's transaction (the
+        # claim's) no savepoint of its own: a failure rolls the claim back with it.
+        with transaction.atomic(savepoint=False):
             call.record.save(update_fields=["status", "started_at", "args", "request_hash"])
             _emit_start(call, now)
         return None

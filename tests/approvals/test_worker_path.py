@@ -124,7 +124,7 @@ def test_the_worker_keeps_its_database_connection_between_entries(caller, operat
     drain_queue()
     decisions.decide(first.pk, operator, "approve")
     decisions.decide(second.pk, operator, "approve")
-    runner_of_both = worker.build_worker("keeper", batch=True, interval=0)
+    runner_of_both = worker.build_worker("keeper", batch=True, interval=0, claim_batch=1)
 
     assert runner_of_both.run_next() is not None
     opened = connection.connection

@@ -1,0 +1,175 @@
+"""A worker claims several queue entries in one statement and runs their approved calls
+as one batch (issue 13, goal 6): every call is still claimed after its own re-checks in
+the transaction that records its start, a cancel that lands before that claim wins, a
+batch whose worker died is enqueued again after a short lease, and the batch costs
+fewer statements per call than one entry at a time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
+
+from apps.approvals import decisions, tasks, worker
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.invocations import runner
+from tests.approvals.support import (
+    TALLY,
+    drain_queue,
+    event_types,
+    hold,
+    queue_entries,
+    record_of,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def approved(caller, operator, tally, *tokens: str) -> list[ApprovalRequest]:
+    """Held calls of test__tally, one per token, all approved; the notifications drained."""
+    held = [
+        hold(caller, TALLY, args=tally.args(token), runId=f"run-{token}")[1] for token in tokens
+    ]
+    drain_queue()  # the operators' notifications
+    for approval in held:
+        decisions.decide(approval.pk, operator, "approve")
+    return held
+
+
+def test_a_worker_claims_a_batch_in_one_go_and_runs_each_call_once(caller, operator, tally):
+    tokens = ("b0", "b1", "b2", "b3")
+    held = approved(caller, operator, tally, *tokens)
+    claimer = worker.build_worker("batcher", batch=True, interval=0, claim_batch=3)
+
+    with CaptureQueriesContext(connection) as claiming:
+        batch = claimer.claim_many(claimer.claim_batch)
+
+    assert [entry.args_kwargs["args"][0] for entry in batch] == [str(a.pk) for a in held[:3]]
+    assert all(entry.status == "RUNNING" and entry.worker_ids == ["batcher"] for entry in batch)
+    if connection.vendor == "postgresql":
+        assert len(claiming.captured_queries) == 1  # one statement claims the batch
+    claimer.run_entries(batch)
+    assert claimer.run_next() is not None  # the fourth
+    assert claimer.run_next() is None
+
+    assert [tally.count(token) for token in tokens] == [1, 1, 1, 1]
+    for approval, token in zip(held, tokens, strict=True):
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.SUCCEEDED
+        assert record_of(approval).status == "succeeded"
+        assert [entry.status for entry in queue_entries(approval)] == ["SUCCESSFUL"]
+        assert queue_entries(approval)[0].return_value == "succeeded"
+        types = event_types(caller.tenant, f"run-{token}")
+        assert (types.count("tool_call_start"), types.count("tool_call_result")) == (1, 1)
+    drain_queue()
+    assert [tally.count(token) for token in tokens] == [1, 1, 1, 1]
+
+
+def test_a_cancel_that_lands_after_the_batch_is_claimed_but_before_its_call_is_wins(
+    caller, operator, tally, monkeypatch
+):
+    """The batch's entries are claimed at once, but each call only when its turn comes:
+    a cancel that lands in between (here: while the first call is re-checked) wins."""
+    first, second, third = approved(caller, operator, tally, "c0", "c1", "c2")
+    claimer = worker.build_worker("batcher", batch=True, interval=0)
+    batch = claimer.claim_many(claimer.claim_batch)
+    assert len(batch) == 3
+    checks = runner.check_call
+
+    def cancel_the_second_meanwhile(call: runner.Call) -> None:
+        if call.run_id == "run-c0":
+            decisions.cancel(second.pk, by="the agent", user=None)
+        checks(call)
+
+    monkeypatch.setattr(runner, "check_call", cancel_the_second_meanwhile)
+
+    claimer.run_entries(batch)
+
+    assert (tally.count("c0"), tally.count("c1"), tally.count("c2")) == (1, 0, 1)
+    second.refresh_from_db()
+    assert second.status == ApprovalStatus.CANCELLED
+    assert record_of(second).status == "cancelled"
+    types = event_types(caller.tenant, "run-c1")
+    assert types.count("tool_call_result") == 1 and "tool_call_start" in types
+    assert queue_entries(second)[0].return_value == ApprovalStatus.CANCELLED
+    for approval in (first, third):
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.SUCCEEDED
+
+
+def test_the_calls_of_a_worker_killed_holding_its_batch_are_enqueued_again_after_the_lease(
+    caller, operator, tally
+):
+    """A dead worker's claimed entries stay RUNNING; within the lease its calls are taken
+    to be on their way, after it (long before ORPHAN_AFTER) they are enqueued again and
+    run once each."""
+    held = approved(caller, operator, tally, "k0", "k1", "k2")
+    dead = worker.build_worker("dead-worker", batch=True, interval=0)
+    assert len(dead.claim_many(dead.claim_batch)) == 3  # then it is killed
+
+    drain_queue()
+    assert tasks.sweep()["requeued"] == 0  # within the lease: the worker may be running them
+    assert [tally.count(token) for token in ("k0", "k1", "k2")] == [0, 0, 0]
+
+    past_lease = timezone.now() - tasks.LEASE - timedelta(seconds=1)
+    assert past_lease > timezone.now() - tasks.ORPHAN_AFTER
+    DBTaskResult.objects.filter(status="RUNNING").update(started_at=past_lease)
+    ApprovalRequest.objects.filter(pk__in=[a.pk for a in held]).update(decided_at=past_lease)
+    assert tasks.sweep()["requeued"] == 3
+    assert tasks.sweep()["requeued"] == 0  # ready entries exist now: not enqueued twice
+
+    drain_queue()
+
+    assert [tally.count(token) for token in ("k0", "k1", "k2")] == [1, 1, 1]
+    for approval in held:
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.SUCCEEDED
+        types = event_types(caller.tenant, f"run-{approval.run_id[4:]}")
+        assert types.count("tool_call_start") == 1 and types.count("tool_call_result") == 1
+    assert tasks.sweep()["requeued"] == 0
+
+
+def test_a_live_worker_slower_than_the_lease_still_runs_each_call_once(caller, operator, tally):
+    """The lease may run out while a worker is only slow: the call is enqueued again,
+    and of the two entries exactly one runs it (the call's own claim decides)."""
+    (approval,) = approved(caller, operator, tally, "slow")
+    slow = worker.build_worker("slow-worker", batch=True, interval=0)
+    batch = slow.claim_many(slow.claim_batch)
+    past_lease = timezone.now() - tasks.LEASE - timedelta(seconds=1)
+    DBTaskResult.objects.filter(status="RUNNING").update(started_at=past_lease)
+    ApprovalRequest.objects.filter(pk=approval.pk).update(decided_at=past_lease)
+    assert tasks.sweep()["requeued"] == 1
+    drain_queue("the-other-worker")
+
+    slow.run_entries(batch)  # the slow worker gets to its batch at last
+
+    assert tally.count("slow") == 1
+    assert event_types(caller.tenant, "run-slow").count("tool_call_start") == 1
+    assert sorted(entry.return_value for entry in queue_entries(approval)) == [
+        "succeeded",
+        "succeeded",
+    ]
+
+
+def test_a_batch_costs_fewer_statements_per_call_than_one_entry_at_a_time(caller, operator, tally):
+    """Issue 13: the approvals are read in one query and the approvals' and entries'
+    outcomes written in one statement each for the whole batch; no savepoint."""
+    approved(caller, operator, tally, "s0", "s1", "s2", "s3", "s4", "s5")
+    single = worker.build_worker("single", batch=True, interval=0, claim_batch=1)
+    with CaptureQueriesContext(connection) as one_by_one:
+        for _ in range(3):
+            assert single.run_next() is not None
+    batched = worker.build_worker("batched", batch=True, interval=0, claim_batch=3)
+    with CaptureQueriesContext(connection) as in_a_batch:
+        assert batched.run_next() is not None
+
+    assert all(tally.count(f"s{n}") == 1 for n in range(6))
+    saved = len(one_by_one.captured_queries) - len(in_a_batch.captured_queries)
+    # Per call after the first: the claim, the approval's read, its outcome, the entry's.
+    assert saved >= 2 * 4, (len(one_by_one.captured_queries), len(in_a_batch.captured_queries))
+    # A call's claim and its start are one transaction, without a savepoint inside it.
+    assert not [q["sql"] for q in in_a_batch.captured_queries if "SAVEPOINT" in q["sql"]]
