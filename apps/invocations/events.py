@@ -198,7 +198,7 @@ class Outbox:
                 # that fails or hangs (Redis restarting) would hold every later push
                 # behind this one, so the waiting ones are dropped too: the feeds re-read
                 # the database once the layer answers again.
-                event = envelope.get("event", {})
+                event = envelope.get("event") or next(iter(envelope.get("events", [])), {})
                 logger.exception(
                     "could not push event %s#%s to the channel layer",
                     event.get("runId"),
@@ -246,22 +246,35 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
 
 
 def _push_all(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:
-    for message in messages:
-        _push(tenant_id, run_id, message)
-
-
-def _push(tenant_id: int, run_id: str, message: EventMessage) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    # Events committed together (a quick call's start and result) travel as one layer
+    # message: one send instead of two, and a feed hands both to each subscriber in turn,
+    # so the result does not wait behind the start's whole fan-out (issue 13, goal 8).
+    envelope: dict[str, Any] = (
+        {"type": "run.event", "event": messages[0]}
+        if len(messages) == 1
+        else {"type": "run.events", "events": messages}
+    )
     try:
-        _group_send(layer, run_group(tenant_id, run_id), {"type": "run.event", "event": message})
-        if message["type"].startswith("approval_"):
-            # Operators follow approvals across runs on their tenant's stream.
-            _group_send(
-                layer, tenant_group(tenant_id), {"type": "approval.event", "event": message}
-            )
+        _group_send(layer, run_group(tenant_id, run_id), envelope)
     except Exception:  # the synchronous fallback's send, or a loop already closed
-        # The event is already persisted: a subscriber that missed the push
+        # The events are already persisted: a subscriber that missed the push
         # catches up by replaying after its last sequence number.
-        logger.exception("could not push event %s#%s to the channel layer", run_id, message["seq"])
+        logger.exception(
+            "could not push events %s#%s to the channel layer", run_id, messages[0]["seq"]
+        )
+    for message in messages:
+        if message["type"].startswith("approval_"):
+            _push_to_operators(layer, tenant_id, message)
+
+
+def _push_to_operators(layer: Any, tenant_id: int, message: EventMessage) -> None:
+    """Operators follow approvals across runs on their tenant's stream."""
+    try:
+        _group_send(layer, tenant_group(tenant_id), {"type": "approval.event", "event": message})
+    except Exception:  # as in _push: the event is persisted, the stream catches up
+        logger.exception(
+            "could not push event %s#%s to the tenant's stream", message["runId"], message["seq"]
+        )

@@ -104,10 +104,25 @@ class Feed:
             event = message.get("event")
             if isinstance(event, dict):
                 await self.hand_out(event)
+            batch = message.get("events")  # events committed together (events._push_all)
+            if isinstance(batch, list):
+                await self.hand_out_all([event for event in batch if isinstance(event, dict)])
 
     async def hand_out(self, event: dict[str, Any]) -> None:
         text = encode(event)
         await self._each(lambda subscriber: subscriber.offer(event, text))
+
+    async def hand_out_all(self, batch: list[dict[str, Any]]) -> None:
+        """Each subscriber takes the whole batch in turn: the last event of the batch (a
+        quick call's result) reaches the first subscribers without waiting for the first
+        event's fan-out to everyone, and a socket's frames of one batch leave in one write."""
+        encoded = [(event, encode(event)) for event in batch]
+
+        async def offer_all(subscriber: Subscriber) -> None:
+            for event, text in encoded:
+                await subscriber.offer(event, text)
+
+        await self._each(offer_all)
 
     async def _each(self, call: Callable[[Subscriber], Awaitable[None]]) -> None:
         for n, subscriber in enumerate(tuple(self.subscribers)):

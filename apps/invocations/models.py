@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import connections, models
 from django.utils import timezone
 
 from apps.tenants.models import ApiKey, Tenant
@@ -184,28 +184,25 @@ class RunQuerySet(models.QuerySet["Run"]):
         """Allocate the run's next event number (or `count` of them, returning the last);
         call inside a transaction.
 
-        The UPDATE locks the run's row until commit, so concurrent emitters on
-        one run take numbers one after another and commit in that order.
-        One statement for a run that has events (UPDATE ... RETURNING, SQLite 3.35+ and
-        PostgreSQL), two for its first: every call emits two events (issue 13).
+        One statement, for a run's first events as for its later ones (issue 13): an
+        upsert on the (tenant, run_id) constraint (SQLite 3.24+, PostgreSQL 9.5+). It
+        locks the run's row until commit, so concurrent emitters on one run take numbers
+        one after another and commit in that order; two first emitters of a new run
+        meet on the unique index, and the second one's insert becomes the update.
         """
         db = connections[self.db]
         quote = db.ops.quote_name
+        table = quote(Run._meta.db_table)
         with db.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {quote(Run._meta.db_table)} SET last_seq = last_seq + %s "  # noqa: S608
-                "WHERE tenant_id = %s AND run_id = %s RETURNING last_seq",
-                [count, tenant.pk, run_id],
+                f"INSERT INTO {table} (tenant_id, run_id, last_seq, created_at) "  # noqa: S608
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id, run_id) "
+                f"DO UPDATE SET last_seq = {table}.last_seq + excluded.last_seq "
+                "RETURNING last_seq",
+                [tenant.pk, run_id, count, db.ops.adapt_datetimefield_value(timezone.now())],
             )
             row = cursor.fetchone()
-        if row is not None:
-            return int(row[0])
-        try:
-            with transaction.atomic(using=self.db):
-                self.create(tenant=tenant, run_id=run_id, last_seq=count)
-        except IntegrityError:  # a concurrent emitter created it first: its row, our number
-            return self.next_seq(tenant, run_id, count)
-        return count
+        return int(row[0])
 
 
 class Run(models.Model):

@@ -5,15 +5,19 @@ QUICK_S, with the time it really started; every other call is recorded before it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from datetime import datetime
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.invocations import runner
+from apps.invocations import events, runner
 from apps.invocations.models import InvocationRecord, RunEvent, Status
 from tests.conftest import Agent, allow
 
@@ -131,3 +135,34 @@ def test_a_refused_call_is_recorded_once_and_claims_no_idempotency_key(agent: Ag
     record = InvocationRecord.objects.get(pk=body["invocationId"])
     assert record.idempotency_key is None
     assert agent.invoke("core__get_current_time", idempotencyKey="k").json()["ok"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quick_calls_two_events_reach_the_channel_layer_as_one_message(agent: Agent) -> None:
+    """One send per quick call, and a feed hands both events to a subscriber in turn
+    (apps.invocations.fanout), so the result never waits behind the start's fan-out."""
+    layer = get_channel_layer()
+    async_to_sync(layer.flush)()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.run_group(agent.tenant.pk, "run-one-send"), channel)
+
+    async def received() -> list[dict]:
+        messages = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
+        return messages
+
+    body = agent.invoke("core__get_current_time", runId="run-one-send").json()
+    (message,) = async_to_sync(received)()
+    assert message["type"] == "run.events"
+    assert [event["type"] for event in message["events"]] == ["tool_call_start", "tool_call_result"]
+    assert [event["seq"] for event in message["events"]] == [1, 2]
+    assert message["events"][1]["invocationId"] == body["invocationId"]
+
+    # A call recorded before it runs commits its start and its result apart: two sends.
+    agent.invoke("core__get_current_time", runId="run-one-send", idempotencyKey="k-1")
+    assert [m["event"]["type"] for m in async_to_sync(received)()] == [
+        "tool_call_start",
+        "tool_call_result",
+    ]

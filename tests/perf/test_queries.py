@@ -22,15 +22,18 @@ def statements(context: CaptureQueriesContext) -> list[str]:
 
 
 @pytest.mark.django_db
-def test_it_makes_a_no_op_call_on_a_known_run_in_seven_queries(agent: Agent) -> None:
+@pytest.mark.parametrize("run", ["known", "new"])
+def test_it_makes_a_no_op_call_in_four_statements(agent: Agent, run: str) -> None:
     assert agent.invoke(TOOL, runId="run-q").json()["ok"] is True
+    same_run = {"runId": "run-q"} if run == "known" else {}  # none: the server makes one
     with CaptureQueriesContext(connection) as queries:
-        answer = agent.invoke(TOOL, runId="run-q").json()
+        answer = agent.invoke(TOOL, **same_run).json()
     assert answer["ok"] is True and "approvalId" not in answer
-    # The authorization epoch (key, tool, policies and permission come from the caches
-    # it guards), record insert and update, 2 x (run seq + event insert): 7 (24 before
-    # issue 13's work, 12 after its first round).
-    assert len(statements(queries)) <= 7, "\n".join(statements(queries))
+    assert answer["runId"] == "run-q" if run == "known" else answer["runId"] != "run-q"
+    # The authorization epoch (key, tool, policies and permission come from the caches it
+    # guards), the record's insert, the run's event numbers (one upsert, also for a new
+    # run), both events' insert: 4 (24 before issue 13's work, 12 after its first round).
+    assert len(statements(queries)) <= 4, "\n".join(statements(queries))
 
 
 @pytest.fixture

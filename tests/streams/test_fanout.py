@@ -193,6 +193,37 @@ async def test_a_feed_encodes_once_and_a_failing_subscriber_does_not_stop_the_ot
     assert layer.groups.get("run.g", {}) == {}
 
 
+async def test_a_feed_hands_a_batch_to_each_subscriber_in_turn():
+    """Events committed together arrive as one message (events._push_all): the first
+    subscriber has the whole batch before the next one gets its first event."""
+    layer = InMemoryChannelLayer()
+    feeds = fanout.Feeds()
+    order: list[tuple[str, int]] = []
+
+    class Named(Recorder):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        async def offer(self, event: dict[str, Any], text: str) -> None:
+            order.append((self.name, event["seq"]))
+            await super().offer(event, text)
+
+    first, second = Named("first"), Named("second")
+    for subscriber in (first, second):
+        await feeds.subscribe(layer, "run.b", subscriber)
+    batch = [run_event(1)["event"], {**run_event(2)["event"], "type": "tool_call_result"}]
+    await layer.group_send("run.b", {"type": "run.events", "events": batch})
+    await layer.group_send("run.b", run_event(3))
+    await until(lambda: len(second.seen) == 3)
+
+    batch_order = [("first", 1), ("first", 2), ("second", 1), ("second", 2)]
+    assert order == [*batch_order, ("first", 3), ("second", 3)]
+    assert first.seen[1][1] is second.seen[1][1]  # still one encoding per event
+    for subscriber in (first, second):
+        await feeds.unsubscribe("run.b", subscriber)
+
+
 async def test_a_feed_rejoins_its_group_when_the_membership_expires(monkeypatch):
     monkeypatch.setattr(fanout, "GROUP_REFRESH_S", 0.05)
     layer = InMemoryChannelLayer()
@@ -419,7 +450,7 @@ async def test_events_whose_push_was_lost_while_the_layer_failed_reach_the_strea
 
     # The layer is down: two events are stored but their pushes go nowhere.
     with monkeypatch.context() as patch:
-        patch.setattr(events, "_push", lambda *args: None)
+        patch.setattr(events, "_push_all", lambda *args: None)
         assert await emit_calls(acme, "fan-outage", 2) == [2, 3]
     assert await stream.receive_nothing(0.2)
 
