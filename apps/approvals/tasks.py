@@ -45,8 +45,12 @@ def run_approved_call(approval_id: str) -> str:
     return run_approved_calls([approval_id])[approval_id]
 
 
-def run_approved_calls(approval_ids: list[str]) -> dict[str, str]:
+def run_approved_calls(
+    approval_ids: list[str], go_on: Callable[[], bool] = lambda: True
+) -> dict[str, str]:
     """Run a worker's batch of approved calls, one after another; the outcome per id.
+    Stops before the next call once `go_on()` is false (a worker asked to stop): the
+    calls left out have no outcome.
 
     One query reads every approval of the batch, and one statement per outcome writes
     the approvals' final states at the end (issue 13: per-call statements). Each call is
@@ -68,6 +72,8 @@ def run_approved_calls(approval_ids: list[str]) -> dict[str, str]:
     outcomes: dict[str, str] = {}
     finished: dict[str, list[str]] = {}
     for approval_id in approval_ids:
+        if not go_on():
+            break
         approval = approvals.get(approval_id)
         if approval is None or approval.status != ApprovalStatus.APPROVED:
             outcomes[approval_id] = approval.status if approval else "missing"

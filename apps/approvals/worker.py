@@ -125,29 +125,42 @@ class ToolhubWorker(Worker):
     def run_entries(self, entries: list[DBTaskResult]) -> None:
         """Approved calls run as one batch (tasks.run_approved_calls) without the task
         framework's per-entry work, and their entries end in one statement per outcome;
-        anything else runs as django-tasks-db runs it."""
-        calls = [entry for entry in entries if entry.task_path == _APPROVED_CALL]
-        for entry in entries:
-            if entry.task_path != _APPROVED_CALL:
-                self.run_task(entry)
-                self.unsettled.remove(entry)
-        if not calls:
-            return
+        anything else runs as django-tasks-db runs it. A worker asked to stop (SIGTERM)
+        finishes the call it is running and puts the batch's other entries back."""
+        self.running_task = True  # a SIGTERM now lets the current call finish
         try:
-            outcomes = tasks.run_approved_calls([entry.args_kwargs["args"][0] for entry in calls])
-        except OperationalError:
-            raise
-        except Exception:
-            # One call broke the batch: each entry again on its own, so its failure is
-            # recorded on its entry (calls already run are no longer approved: skipped).
-            logger.exception("a batch of approved calls failed; running its entries one by one")
-            for entry in calls:
+            self._run_entries(entries)
+        finally:
+            self.running_task = False
+
+    def _run_entries(self, entries: list[DBTaskResult]) -> None:
+        calls = [entry for entry in entries if entry.task_path == _APPROVED_CALL]
+        ran = set()
+        for entry in entries:
+            if entry.task_path != _APPROVED_CALL and self.running:
                 self.run_task(entry)
-            return
-        self._run_tasks += len(calls)
+                ran.add(entry.pk)
+        outcomes: dict[str, str] = {}
+        if calls and self.running:
+            try:
+                outcomes = tasks.run_approved_calls(
+                    [entry.args_kwargs["args"][0] for entry in calls], lambda: self.running
+                )
+            except OperationalError:
+                raise
+            except Exception:
+                # One call broke the batch: each entry again on its own, so its failure is
+                # recorded on its entry (calls already run are no longer approved: skipped).
+                logger.exception("a batch of approved calls failed; running its entries one by one")
+                for entry in calls:
+                    self.run_task(entry)
+                return
         finished: dict[str, list[str]] = {}
         for entry in calls:
-            finished.setdefault(outcomes[entry.args_kwargs["args"][0]], []).append(entry.pk)
+            outcome = outcomes.get(entry.args_kwargs["args"][0])
+            if outcome is not None:
+                finished.setdefault(outcome, []).append(entry.pk)
+        self._run_tasks += sum(len(ids) for ids in finished.values())
         now = timezone.now()
         for outcome, ids in finished.items():
             DBTaskResult.objects.filter(pk__in=ids).update(
@@ -156,6 +169,12 @@ class ToolhubWorker(Worker):
                 return_value=outcome,
                 exception_class_path="",
                 traceback="",
+            )
+        ran |= {pk for ids in finished.values() for pk in ids}
+        left = [entry.pk for entry in entries if entry.pk not in ran]
+        if left:  # stopping: not started, so back to the queue for another worker
+            DBTaskResult.objects.filter(pk__in=left, status=TaskResultStatus.RUNNING).update(
+                status=TaskResultStatus.READY, started_at=None
             )
 
     def claim(self) -> DBTaskResult | None:

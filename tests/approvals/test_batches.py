@@ -173,3 +173,39 @@ def test_a_batch_costs_fewer_statements_per_call_than_one_entry_at_a_time(caller
     assert saved >= 2 * 4, (len(one_by_one.captured_queries), len(in_a_batch.captured_queries))
     # A call's claim and its start are one transaction, without a savepoint inside it.
     assert not [q["sql"] for q in in_a_batch.captured_queries if "SAVEPOINT" in q["sql"]]
+
+
+def test_a_worker_asked_to_stop_finishes_its_call_and_puts_the_rest_of_its_batch_back(
+    caller, operator, tally, monkeypatch
+):
+    """SIGTERM mid-batch: the worker counts as running a task (so django-tasks' handler
+    does not exit on the spot), finishes the call it is on, and its other entries go
+    back to READY for another worker instead of waiting for the lease."""
+    held = approved(caller, operator, tally, "t0", "t1", "t2")
+    stopping = worker.build_worker("stopping", batch=True, interval=0)
+    batch = stopping.claim_many(stopping.claim_batch)
+    seen: list[bool] = []
+    checks = runner.check_call
+
+    def asked_to_stop_meanwhile(call: runner.Call) -> None:
+        seen.append(stopping.running_task)
+        stopping.running = False  # what shutdown() does while a task runs
+        checks(call)
+
+    monkeypatch.setattr(runner, "check_call", asked_to_stop_meanwhile)
+
+    stopping.run_entries(batch)
+
+    assert [tally.count(token) for token in ("t0", "t1", "t2")] == [1, 0, 0]
+    assert seen == [True]
+    assert [entry.status for entry in queue_entries(held[0])] == ["SUCCESSFUL"]
+    for approval in held[1:]:
+        assert [entry.status for entry in queue_entries(approval)] == ["READY"]
+    monkeypatch.setattr(runner, "check_call", checks)
+
+    drain_queue("another-worker")
+
+    assert [tally.count(token) for token in ("t0", "t1", "t2")] == [1, 1, 1]
+    for approval in held:
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.SUCCEEDED
