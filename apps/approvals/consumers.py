@@ -18,8 +18,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from apps.invocations import revocations
 from apps.invocations.events import remember_server_loop, tenant_group
 from apps.invocations.fanout import feeds_for
+from apps.invocations.revocations import StaffAccess, session_watch
 from apps.invocations.streams import (
     CLOSE_FORBIDDEN,
     CLOSE_INTERNAL,
@@ -40,6 +42,7 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
     groups_joined: list[str]
     sender: asyncio.Future[None] | None = None
+    watched: bool = False  # by revocations.SessionWatch
 
     async def connect(self) -> None:
         remember_server_loop()
@@ -48,14 +51,21 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated or not user.is_staff:
             await refuse(self, CLOSE_FORBIDDEN)
             return
-        self.decidable: dict[str, bool] = {}
+        self.decidable: dict[str, bool] = {}  # per tool, asked again after RECHECK_S
+        self.decidable_at = asyncio.get_running_loop().time()
         self.queued: asyncio.Queue[tuple[dict[str, Any], str]] = asyncio.Queue(
             maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
         )
         await self.accept()
         self.sender = asyncio.ensure_future(self._send_queued())
         layer = get_channel_layer()
-        for tenant_id in await self._tenant_ids(user):
+        tenant_ids = await self._tenant_ids(user)
+        # Ends the stream (4403) once the session ends or the user loses access.
+        session = self.scope.get("session")  # none: never re-checks as allowed
+        session_key = (session.session_key if session is not None else None) or ""
+        session_watch().watch(StaffAccess(user.pk, session_key, tuple(tenant_ids)), self)
+        self.watched = True
+        for tenant_id in tenant_ids:
             group = tenant_group(tenant_id)
             try:
                 await feeds_for(layer).subscribe(layer, group, self)
@@ -69,6 +79,9 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
+        if self.watched:
+            self.watched = False
+            session_watch().unwatch(self)
         groups, self.groups_joined = self.groups_joined, []
         for group in groups:
             await feeds_for(get_channel_layer()).unsubscribe(group, self)
@@ -83,6 +96,12 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             logger.info("closing an approvals stream that cannot keep up")
             self.sender.cancel()
             await self.close(code=CLOSE_TOO_SLOW)
+
+    async def access_revoked(self) -> None:
+        """The session ended or the user lost access (revocations.SessionWatch): 4403."""
+        if self.sender is not None:
+            self.sender.cancel()
+        await self.close(code=CLOSE_FORBIDDEN)
 
     async def catch_up(self) -> None:
         """Nothing to re-read: this stream has no replay. The console re-reads its
@@ -104,6 +123,11 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         return list(tenants.values_list("pk", flat=True))
 
     async def _may_decide(self, tool_id: str) -> bool:
+        now = asyncio.get_running_loop().time()
+        if (
+            now - self.decidable_at > revocations.RECHECK_S
+        ):  # a revoked permission holds within seconds
+            self.decidable, self.decidable_at = {}, now
         if tool_id not in self.decidable:
             self.decidable[tool_id] = await self._check(tool_id)
         return self.decidable[tool_id]

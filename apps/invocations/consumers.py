@@ -31,7 +31,7 @@ from django.conf import settings
 from apps.invocations.events import remember_server_loop, run_group
 from apps.invocations.fanout import encode, feeds_for
 from apps.invocations.models import RunEvent
-from apps.invocations.revocations import key_watch
+from apps.invocations.revocations import StaffAccess, key_watch, session_watch
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
@@ -86,6 +86,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     tenant_id: int
     run_id: str
     api_key_id: int | None = None
+    staff_watched: bool = False  # opened with a staff session (revocations.SessionWatch)
     group: str | None = None
     last_seq: int = 0
     slot: Any = None
@@ -132,6 +133,13 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         self.sending = asyncio.ensure_future(self._send_queued(replay=True))
         if self.api_key_id is not None:
             await key_watch().watch(self.api_key_id, self)
+        elif access.staff_user_id is not None:
+            self.staff_watched = True
+            session = self.scope.get("session")  # none: never re-checks as allowed
+            session_key = (session.session_key if session is not None else None) or ""
+            session_watch().watch(
+                StaffAccess(access.staff_user_id, session_key, (self.tenant_id,)), self
+            )
 
     async def disconnect(self, code: int) -> None:
         self.gone = True
@@ -140,6 +148,9 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         if self.api_key_id is not None:
             key_id, self.api_key_id = self.api_key_id, None
             await key_watch().unwatch(key_id, self)
+        if self.staff_watched:
+            self.staff_watched = False
+            session_watch().unwatch(self)
         if self.slot is not None:
             slot, self.slot = self.slot, None
             await slot.release()
@@ -168,6 +179,10 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         """Its API key was revoked (apps.invocations.revocations): 4403, as at a handshake."""
         if not self.gone:
             await self._close(CLOSE_FORBIDDEN)
+
+    async def access_revoked(self) -> None:
+        """Its staff session ended or its user lost access (revocations.SessionWatch)."""
+        await self.key_revoked()
 
     async def catch_up(self) -> None:
         """The feed may have missed events: read the database once the queue is sent."""

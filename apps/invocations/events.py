@@ -198,7 +198,9 @@ class Outbox:
                 # that fails or hangs (Redis restarting) would hold every later push
                 # behind this one, so the waiting ones are dropped too: the feeds re-read
                 # the database once the layer answers again.
-                event = envelope.get("event") or next(iter(envelope.get("events", [])), {})
+                event: dict[str, Any] = envelope.get("event") or next(
+                    iter(envelope.get("events", [])), {}
+                )
                 logger.exception(
                     "could not push event %s#%s to the channel layer",
                     event.get("runId"),

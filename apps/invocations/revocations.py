@@ -1,4 +1,5 @@
-"""A revoked API key's streams end (4403) within seconds, in every process.
+"""A revoked API key's streams end (4403) within seconds, in every process; so do the
+streams of a staff session that ended or of a user who lost access (SessionWatch).
 
 Revoking a key (`ApiKey.revoke`) sends `key_revoked` once committed; the receiver
 here pushes the key's id to one channel-layer group that every server process with
@@ -14,15 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
 from django.dispatch import receiver
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from apps.invocations.events import _group_send
 from apps.invocations.fanout import feeds_for
-from apps.tenants.models import ApiKey, key_revoked
+from apps.tenants.models import ApiKey, Tenant, key_revoked
 
 logger = logging.getLogger(__name__)
 
@@ -138,4 +145,115 @@ def key_watch() -> KeyWatch:
     watch = _watches.get(loop)
     if watch is None:
         watch = _watches[loop] = KeyWatch()
+    return watch
+
+
+# ---------------------------------------------------------------- staff sessions
+
+
+@dataclass(frozen=True)
+class StaffAccess:
+    """What a stream opened with a staff session depends on: the session, the user, and
+    the tenants the stream serves (membership, unless the user is a superuser)."""
+
+    user_id: int
+    session_key: str
+    tenant_ids: tuple[int, ...]
+
+
+class StaffStream(Protocol):
+    async def access_revoked(self) -> None:
+        """Close the stream (4403): its session or its user lost access."""
+
+
+class SessionWatch:
+    """This event loop's staff-session streams, re-checked every RECHECK_S seconds.
+
+    A stream ends (4403) once its session is gone (logout, expiry, a password change,
+    which Django's session hash ties the session to) or its user is deactivated, loses
+    staff status, or leaves a tenant the stream serves: one query per kind of row per
+    process per interval, none per event.
+    """
+
+    def __init__(self) -> None:
+        self.streams: dict[StaffStream, StaffAccess] = {}
+        self.rechecking: asyncio.Task[None] | None = None
+
+    def watch(self, access: StaffAccess, stream: StaffStream) -> None:
+        self.streams[stream] = access
+        if self.rechecking is None:
+            self.rechecking = asyncio.ensure_future(self._recheck_every())
+
+    def unwatch(self, stream: StaffStream) -> None:
+        self.streams.pop(stream, None)
+        if not self.streams and self.rechecking is not None:
+            self.rechecking.cancel()
+            self.rechecking = None
+
+    async def recheck(self) -> None:
+        watched = dict(self.streams)
+        if not watched:
+            return
+        allowed = await _still_allowed(set(watched.values()))
+        for stream, access in watched.items():
+            if access not in allowed:
+                self.streams.pop(stream, None)
+                try:
+                    await stream.access_revoked()
+                except Exception:
+                    logger.exception("could not close a stream of user %s", access.user_id)
+
+    async def _recheck_every(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_S)
+            try:
+                await self.recheck()
+            except Exception:
+                logger.exception("could not re-check the sessions of open streams")
+
+
+@database_sync_to_async
+def _still_allowed(accesses: set[StaffAccess]) -> set[StaffAccess]:
+    user_ids = {access.user_id for access in accesses}
+    users = {
+        user.pk: user
+        for user in User.objects.filter(pk__in=user_ids, is_active=True, is_staff=True)
+    }
+    sessions = {
+        session.session_key: session.get_decoded()
+        for session in Session.objects.filter(
+            session_key__in={access.session_key for access in accesses},
+            expire_date__gt=timezone.now(),
+        )
+    }
+    memberships = set(
+        Tenant.members.through.objects.filter(user_id__in=users).values_list("tenant_id", "user_id")
+    )
+    allowed = set()
+    for access in accesses:
+        user, data = users.get(access.user_id), sessions.get(access.session_key)
+        if user is None or data is None or str(data.get(SESSION_KEY)) != str(user.pk):
+            continue
+        if not constant_time_compare(
+            str(data.get(HASH_SESSION_KEY, "")), user.get_session_auth_hash()
+        ):
+            continue  # the password changed: Django's own requests end this session too
+        if user.is_superuser or all(
+            (tenant_id, user.pk) in memberships for tenant_id in access.tenant_ids
+        ):
+            allowed.add(access)
+    return allowed
+
+
+_session_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionWatch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def session_watch() -> SessionWatch:
+    """This loop's watch of staff-session streams."""
+    loop = asyncio.get_running_loop()
+    watch = _session_watches.get(loop)
+    if watch is None:
+        watch = _session_watches[loop] = SessionWatch()
     return watch

@@ -61,6 +61,9 @@ class StreamAccess:
     # The API key behind the stream (a Bearer key, or the key a ticket was issued
     # under): revoking it ends the stream (apps.invocations.revocations).
     api_key_id: int | None = None
+    # The staff user of a session stream: its session and access are re-checked while it
+    # is open (apps.invocations.revocations.SessionWatch).
+    staff_user_id: int | None = None
 
     @staticmethod
     def parse_after(scope: dict[str, Any]) -> int | None:
@@ -100,7 +103,7 @@ class StreamAccess:
         found = list(tenants.values_list("pk", flat=True)[:2])
         if len(found) != 1:
             return None
-        return cls(found[0], f"{found[0]}:user:{user.pk}")
+        return cls(found[0], f"{found[0]}:user:{user.pk}", staff_user_id=user.pk)
 
 
 class _Slot:

@@ -18,6 +18,7 @@ from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_la
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.test import Client
 from guardian.shortcuts import assign_perm
@@ -279,9 +280,18 @@ def operator_of_acme(acme, test_tools):
 async def open_approvals(user) -> WebsocketCommunicator:
     stream = WebsocketCommunicator(ApprovalsConsumer.as_asgi(), "/ws/v1/approvals/")
     stream.scope["user"] = user
+    stream.scope["session"] = await database_sync_to_async(logged_in)(user)
     connected, _ = await stream.connect()
     assert connected
     return stream
+
+
+def logged_in(user) -> SessionStore:
+    """The user's session, as the auth stack puts it in a stream's scope: the stream is
+    re-checked against it (apps.invocations.revocations.SessionWatch)."""
+    client = Client()
+    client.force_login(user)
+    return SessionStore(client.cookies[settings.SESSION_COOKIE_NAME].value)
 
 
 @database_sync_to_async

@@ -1,0 +1,163 @@
+"""A stream opened with a staff session ends (4403) once the session ends or its user
+loses access (apps.invocations.revocations.SessionWatch), like a revoked key's streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.contrib.sessions.models import Session
+from django.test import Client
+from guardian.shortcuts import assign_perm, remove_perm
+
+from apps.invocations import revocations
+from apps.invocations.events import emit
+from apps.invocations.revocations import session_watch
+from apps.tools.models import Tool
+from toolhub.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STREAMS = ["/ws/v1/runs/staff-run/", "/ws/v1/approvals/"]
+
+
+@pytest.fixture(autouse=True)
+def quick_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(revocations, "RECHECK_S", 0.05)
+
+
+def staff(acme: Any, name: str) -> tuple[User, str]:
+    user = User.objects.create_user(name, password="pw-for-tests-only", is_staff=True)
+    acme.tenant.members.add(user)
+    assign_perm("tools.decide_approval", user, Tool.objects.get(pk="test__confirm"))
+    client = Client()
+    client.force_login(user)
+    return user, client.cookies[settings.SESSION_COOKIE_NAME].value
+
+
+async def open_with(path: str, session_key: str) -> WebsocketCommunicator:
+    stream = WebsocketCommunicator(
+        application,
+        path,
+        headers=[(b"cookie", f"{settings.SESSION_COOKIE_NAME}={session_key}".encode())],
+    )
+    connected, _ = await stream.connect()
+    assert connected
+    return stream
+
+
+async def closed_with(stream: WebsocketCommunicator) -> int | None:
+    """The close code, skipping any event frames sent before it."""
+    while True:
+        output = await stream.receive_output(timeout=3)
+        if output["type"] == "websocket.close":
+            return output.get("code")
+
+
+async def still_open(stream: WebsocketCommunicator) -> bool:
+    """Nothing sent for a while, several re-checks long (the stream is not cancelled)."""
+    return await stream.receive_nothing(timeout=0.3)
+
+
+def deactivate(user: User, acme: Any) -> None:
+    user.is_active = False
+    user.save()
+
+
+def unstaff(user: User, acme: Any) -> None:
+    user.is_staff = False
+    user.save()
+
+
+def leave_tenant(user: User, acme: Any) -> None:
+    acme.tenant.members.remove(user)
+
+
+def log_out(user: User, acme: Any) -> None:
+    for session in Session.objects.all():
+        if session.get_decoded().get("_auth_user_id") == str(user.pk):
+            session.delete()
+
+
+def change_password(user: User, acme: Any) -> None:
+    user.set_password("another-pw-for-tests-only")
+    user.save()
+
+
+LOSSES: list[Callable[[User, Any], None]] = [
+    deactivate,
+    unstaff,
+    leave_tenant,
+    log_out,
+    change_password,
+]
+
+
+@pytest.mark.parametrize("path", STREAMS)
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda loss: loss.__name__)
+async def test_a_staff_stream_ends_with_4403_when_its_user_loses_access(
+    acme, test_tools, path, loss
+):
+    user, session_key = await database_sync_to_async(staff)(acme, "ops")
+    _, other_key = await database_sync_to_async(staff)(acme, "other-ops")
+    stream = await open_with(path, session_key)
+    other = await open_with(path, other_key)
+    assert await still_open(stream)  # re-checked, still allowed
+
+    await database_sync_to_async(loss)(user, acme)
+
+    assert await closed_with(stream) == 4403
+    assert await still_open(other)  # another user's stream stays
+    await stream.disconnect()
+    await other.disconnect()
+    assert not session_watch().streams
+
+
+async def test_a_superuser_made_plain_staff_loses_the_tenants_it_is_not_a_member_of(acme):
+    root = await database_sync_to_async(User.objects.create_superuser)(
+        "root", password="pw-for-tests-only"
+    )
+    client = Client()
+    await database_sync_to_async(client.force_login)(root)
+    stream = await open_with(
+        "/ws/v1/approvals/", client.cookies[settings.SESSION_COOKIE_NAME].value
+    )
+    assert await still_open(stream)
+
+    root.is_superuser = False
+    await database_sync_to_async(root.save)()
+    assert await closed_with(stream) == 4403  # staff still, but a member of no tenant
+    await stream.disconnect()
+
+
+async def test_an_operator_whose_decide_permission_is_revoked_stops_seeing_its_approvals(
+    acme, test_tools
+):
+    user, session_key = await database_sync_to_async(staff)(acme, "ops")
+    stream = await open_with("/ws/v1/approvals/", session_key)
+
+    async def approval(call_id: str) -> None:
+        await database_sync_to_async(emit)(
+            acme.tenant,
+            "staff-approvals",
+            "approval_required",
+            tool_call_id=call_id,
+            tool_id="test__confirm",
+            approvalId=f"ap-{call_id}",
+        )
+
+    await approval("before")
+    assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "before"
+
+    tool = await database_sync_to_async(Tool.objects.get)(pk="test__confirm")
+    await database_sync_to_async(remove_perm)("tools.decide_approval", user, tool)
+    await asyncio.sleep(0.1)  # past RECHECK_S (0.05 s here): the cached answer expires
+    await approval("later")
+    assert await stream.receive_nothing(timeout=0.5)
+    await stream.disconnect()
