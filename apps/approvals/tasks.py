@@ -46,11 +46,16 @@ def run_approved_call(approval_id: str) -> str:
 
 
 def run_approved_calls(
-    approval_ids: list[str], go_on: Callable[[], bool] = lambda: True
+    approval_ids: list[str],
+    go_on: Callable[[], bool] = lambda: True,
+    hand_on: Callable[[list[str]], None] | None = None,
 ) -> dict[str, str]:
     """Run a worker's batch of approved calls, one after another; the outcome per id.
     Stops before the next call once `go_on()` is false (a worker asked to stop): the
-    calls left out have no outcome.
+    calls left out have no outcome. A call whose tool is still running after QUICK_S
+    (runner.resume's `on_linger`) hands the calls after it to `hand_on` (the worker puts
+    their entries back for other workers) rather than hold them behind a slow tool; they
+    have no outcome here either.
 
     One query reads every approval of the batch, and one statement per outcome writes
     the approvals' final states at the end (issue 13: per-call statements). Each call is
@@ -71,14 +76,27 @@ def run_approved_calls(
     }
     outcomes: dict[str, str] = {}
     finished: dict[str, list[str]] = {}
-    for approval_id in approval_ids:
-        if not go_on():
+    handed_on = False
+
+    def linger(rest: list[str]) -> Callable[[], None] | None:
+        def on_linger() -> None:
+            nonlocal handed_on
+            if hand_on is not None and not handed_on:
+                handed_on = True
+                hand_on(rest)
+
+        return on_linger if rest and hand_on is not None else None
+
+    for index, approval_id in enumerate(approval_ids):
+        if not go_on() or handed_on:
             break
         approval = approvals.get(approval_id)
         if approval is None or approval.status != ApprovalStatus.APPROVED:
             outcomes[approval_id] = approval.status if approval else "missing"
             continue
-        record = runner.resume(approval, _claimer(approval))
+        record = runner.resume(
+            approval, _claimer(approval), on_linger=linger(approval_ids[index + 1 :])
+        )
         if record is None:
             approval.refresh_from_db(fields=["status"])
             outcomes[approval_id] = str(approval.status)

@@ -29,6 +29,12 @@ work_committed = threading.Event()
 
 @receiver(task_enqueued)
 def _on_enqueued(sender: Any, **kwargs: Any) -> None:
+    notify_ready()
+
+
+def notify_ready() -> None:
+    """Entries became ready (enqueued, or put back by a worker that hands its batch on):
+    wake the workers, in every process, once the caller's transaction commits."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")

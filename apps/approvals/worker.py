@@ -141,10 +141,24 @@ class ToolhubWorker(Worker):
                 self.run_task(entry)
                 ran.add(entry.pk)
         outcomes: dict[str, str] = {}
+        handed_on: set[object] = set()
+
+        def hand_on(approval_ids: list[str]) -> None:
+            """A slow call holds this worker: its batch's later calls go back to the queue
+            now, for any worker, instead of waiting behind it (or for tasks.LEASE)."""
+            rest = [entry.pk for entry in calls if entry.args_kwargs["args"][0] in approval_ids]
+            DBTaskResult.objects.filter(pk__in=rest, status=TaskResultStatus.RUNNING).update(
+                status=TaskResultStatus.READY, started_at=None
+            )
+            handed_on.update(rest)
+            wake.notify_ready()
+
         if calls and self.running:
             try:
                 outcomes = tasks.run_approved_calls(
-                    [entry.args_kwargs["args"][0] for entry in calls], lambda: self.running
+                    [entry.args_kwargs["args"][0] for entry in calls],
+                    lambda: self.running,
+                    hand_on,
                 )
             except OperationalError:
                 raise
@@ -171,7 +185,7 @@ class ToolhubWorker(Worker):
                 traceback="",
             )
         ran |= {pk for ids in finished.values() for pk in ids}
-        left = [entry.pk for entry in entries if entry.pk not in ran]
+        left = [entry.pk for entry in entries if entry.pk not in ran | handed_on]
         if left:  # stopping: not started, so back to the queue for another worker
             DBTaskResult.objects.filter(pk__in=left, status=TaskResultStatus.RUNNING).update(
                 status=TaskResultStatus.READY, started_at=None

@@ -107,6 +107,9 @@ class Call:
     context: ToolContext | None = field(default=None, repr=False)
     started_at: datetime | None = None  # set when a quick call starts before its record
     dry_run: bool = False  # simulate(): checks only peek, never take a rate-limit slot
+    # Called once if the tool is still running after QUICK_S (a worker hands the rest of
+    # its batch to other workers rather than hold it behind a slow call).
+    on_linger: Callable[[], None] | None = field(default=None, repr=False)
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -347,7 +350,9 @@ def records_late(call: Call) -> bool:
 
 
 def resume(
-    approval: ApprovalRequest, claim: Callable[[], bool] | None = None
+    approval: ApprovalRequest,
+    claim: Callable[[], bool] | None = None,
+    on_linger: Callable[[], None] | None = None,
 ) -> InvocationRecord | None:
     """Run an approved call: same checks again (the world may have changed while it
     waited), the approved args bound by hash, then steps 8-13 on its record.
@@ -355,8 +360,9 @@ def resume(
     `claim` (the worker's approved -> executing) runs in the transaction that records the
     start, or the refusal: one transaction fewer per call, and a claimed call has always
     started. When it fails (another worker has the call, or it was cancelled) nothing is
-    written and None is returned."""
+    written and None is returned. `on_linger` is called if the tool runs past QUICK_S."""
     call = _call_for(approval, args=approval.args)
+    call.on_linger = on_linger
     try:
         check_call(call)
         if call.request_hash != approval.bound_hash:
@@ -735,10 +741,15 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
     )
     try:
-        if call.record is None:  # a quick call (records_late): record its start if it lingers
+        if call.record is None or call.on_linger is not None:
+            # A quick call (records_late) records its start if it lingers; a worker's call
+            # lets the worker hand its other calls on.
             quick = min(QUICK_S, max(0.0, call.context.time_left()))
             if not futures_wait([future], timeout=quick).done:
-                record_start(call)
+                if call.record is None:
+                    record_start(call)
+                if call.on_linger is not None:
+                    _linger(call.on_linger)
         return _wait(call, future)
     except FutureTimeout:
         future.cancel()  # still queued for a thread: then it never starts
@@ -760,6 +771,14 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         # Where it failed (frames only: the exception's message may hold values).
         logger.debug("tool failure at:\n%s", "".join(traceback.format_tb(exc.__traceback__)))
         raise Refusal(ErrorCode.EXECUTION, "The tool failed unexpectedly.") from None
+
+
+def _linger(on_linger: Callable[[], None]) -> None:
+    """The caller's business, not the tool's: its failure must not fail the call."""
+    try:
+        on_linger()
+    except Exception:
+        logger.exception("on_linger failed while a tool ran")
 
 
 CANCEL_POLL_S = 0.25

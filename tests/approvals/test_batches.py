@@ -6,6 +6,8 @@ fewer statements per call than one entry at a time."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -209,3 +211,47 @@ def test_a_worker_asked_to_stop_finishes_its_call_and_puts_the_rest_of_its_batch
     for approval in held:
         approval.refresh_from_db()
         assert approval.status == ApprovalStatus.SUCCEEDED
+
+
+def test_a_slow_call_hands_the_rest_of_its_batch_to_other_workers_at_once(
+    caller, operator, tally, monkeypatch
+):
+    """A batch runs its calls one after another: a call still running after QUICK_S puts
+    the batch's later entries back to READY, so another worker runs them meanwhile
+    instead of after the slow one (or after tasks.LEASE)."""
+    release = threading.Event()
+    run_tool = runner._run_tool
+
+    def slow_for_one(execute_fn, params, ctx, caps):
+        if getattr(params, "token", "") == "slow":
+            assert release.wait(10), "the test never let the slow call end"
+        return run_tool(execute_fn, params, ctx, caps)
+
+    monkeypatch.setattr(runner, "_run_tool", slow_for_one)
+    held = approved(caller, operator, tally, "slow", "q1", "q2")
+    first = worker.build_worker("first", batch=True, interval=0)
+    batch = first.claim_many(first.claim_batch)
+    assert len(batch) == 3
+    holding = threading.Thread(target=first.run_entries, args=(batch,))
+    holding.start()
+    try:
+        second = worker.build_worker("second", batch=True, interval=0)
+        deadline = time.monotonic() + 5
+        while tally.count("q1") + tally.count("q2") < 2:
+            assert time.monotonic() < deadline, "the rest of the batch was never handed on"
+            second.run_next()
+            time.sleep(0.01)
+        assert holding.is_alive() and tally.count("slow") == 0  # still in the slow call
+    finally:
+        release.set()
+        holding.join(10)
+        connection.close()  # this thread's, before the database is flushed
+
+    assert [tally.count(token) for token in ("slow", "q1", "q2")] == [1, 1, 1]
+    for approval in held:
+        approval.refresh_from_db()
+        assert approval.status == ApprovalStatus.SUCCEEDED
+        # One entry per call, ended once, by the worker that ran it.
+        (entry,) = queue_entries(approval)
+        assert entry.status == "SUCCESSFUL"
+    assert not DBTaskResult.objects.exclude(status="SUCCESSFUL").exists()
