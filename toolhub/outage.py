@@ -14,6 +14,7 @@ import time
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
+from psycopg_pool import PoolTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,12 @@ SAME_OUTAGE_S = 30.0
 
 
 class Outages:
-    def __init__(self) -> None:
+    def __init__(
+        self, message: str = "database unavailable (%s: %s); answering 503 until it is back"
+    ) -> None:
         self._lock = threading.Lock()
         self._last_error: float | None = None
+        self._message = message
 
     def seen(self, error: BaseException) -> bool:
         """Note a database error; True when it starts a new outage (then it is logged)."""
@@ -36,7 +40,7 @@ class Outages:
         if new:
             first = (str(error).strip().splitlines() or [""])[0]
             logger.error(
-                "database unavailable (%s: %s); answering 503 until it is back",
+                self._message,
                 type(error).__name__,
                 first,
             )
@@ -44,12 +48,20 @@ class Outages:
 
 
 outages = Outages()
+# Every pooled connection in use for the pool's whole timeout: not an outage, but the
+# operator must hear of it (TOOLHUB_DB_POOL_MAX_SIZE, docs/deployment.md).
+exhaustions = Outages(
+    "no pooled database connection came free in time (%s: %s); answering 503 meanwhile"
+)
+
+_UNANSWERED = "its database is not answering"
+_BUSY = "all its database connections are in use"
 
 
-def unavailable() -> HttpResponse:
+def unavailable(reason: str = _UNANSWERED) -> HttpResponse:
     response = JsonResponse(
         {
-            "detail": "The service is briefly unavailable (its database is not answering); "
+            "detail": f"The service is briefly unavailable ({reason}); "
             f"retry in {RETRY_AFTER_S} seconds.",
             "retryAfterSeconds": RETRY_AFTER_S,
         },
@@ -65,5 +77,8 @@ class DatabaseOutageMiddleware(MiddlewareMixin):
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, OperationalError | InterfaceError):
             return None
+        if isinstance(exception.__cause__, PoolTimeout):
+            exhaustions.seen(exception)
+            return unavailable(_BUSY)
         outages.seen(exception)
         return unavailable()

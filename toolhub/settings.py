@@ -131,7 +131,53 @@ def _database(url: str) -> dict[str, object]:
         # Tests use a file, not :memory:, so that the runner's worker threads and
         # a test's Daphne subprocess see the same database.
         config["TEST"] = {"NAME": str(VAR_DIR / "test-toolhub.sqlite3")}
+        if _pool_asked():
+            raise ImproperlyConfigured(
+                "TOOLHUB_DB_POOL* settings are for PostgreSQL; DATABASE_URL selects SQLite "
+                "(unset them, or set TOOLHUB_DB_POOL=0)"
+            )
+    elif config["ENGINE"] == "django.db.backends.postgresql":
+        # Django's, failing fast while the database is down (toolhub/postgresql/base.py).
+        config["ENGINE"] = "toolhub.postgresql"
+        pool = _pool_options()
+        if pool:
+            options = config.get("OPTIONS")  # e.g. sslmode from the URL's query
+            config["OPTIONS"] = {**(options if isinstance(options, dict) else {}), "pool": pool}
     return config
+
+
+_POOL_SIZES = ("TOOLHUB_DB_POOL_MIN_SIZE", "TOOLHUB_DB_POOL_MAX_SIZE", "TOOLHUB_DB_POOL_TIMEOUT")
+
+
+def _pool_asked() -> bool:
+    return env_bool("TOOLHUB_DB_POOL", default=False) or any(env_str(name) for name in _POOL_SIZES)
+
+
+def _pool_options() -> dict[str, object] | None:
+    """psycopg's pool for PostgreSQL, on unless TOOLHUB_DB_POOL=0.
+
+    Without it every request connects anew (CONN_MAX_AGE=0, as Django advises under
+    ASGI) and PostgreSQL forks a backend for it: a few ms per request. Sizing and
+    fault handling: docs/deployment.md "Database connections".
+    """
+    if not env_bool("TOOLHUB_DB_POOL", default=True):
+        return None
+    min_size = env_int("TOOLHUB_DB_POOL_MIN_SIZE", 2, minimum=0, maximum=1000)
+    max_size = env_int("TOOLHUB_DB_POOL_MAX_SIZE", 20, minimum=1, maximum=1000)
+    if min_size > max_size:
+        raise ImproperlyConfigured(
+            f"TOOLHUB_DB_POOL_MIN_SIZE ({min_size}) is larger than "
+            f"TOOLHUB_DB_POOL_MAX_SIZE ({max_size})"
+        )
+    from toolhub.postgresql.pool import POOL_OPTIONS
+
+    return {
+        **POOL_OPTIONS,
+        "min_size": min_size,
+        "max_size": max_size,
+        # How long a request waits for a free connection before it answers 503.
+        "timeout": env_int("TOOLHUB_DB_POOL_TIMEOUT", 5, minimum=1, maximum=300),
+    }
 
 
 DATABASES = {"default": _database(env_str("DATABASE_URL"))}

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, connections, transaction
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -750,6 +750,7 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
                     record_start(call)
                 if call.on_linger is not None:
                     _linger(call.on_linger)
+                _release_connection()
         return _wait(call, future)
     except FutureTimeout:
         future.cancel()  # still queued for a thread: then it never starts
@@ -799,6 +800,17 @@ def _wait(call: Call, future: Future[Any]) -> Any:
                 future.cancel()
                 call.context._cancel.set()
                 raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
+            _release_connection()
+
+
+def _release_connection() -> None:
+    """With the pool on, a call waiting on its tool gives its connection back between
+    polls: otherwise 50 concurrent slow calls would hold 50 pooled connections doing
+    nothing. Each poll then checks one out again, a cheap step. Inside an atomic block
+    (a caller's transaction) the connection stays."""
+    db = connections["default"]
+    if getattr(db, "pool", None) is not None and not db.in_atomic_block:
+        db.close()
 
 
 def _run_tool(execute_fn: Any, params: Any, ctx: ToolContext, caps: Capabilities) -> Any:

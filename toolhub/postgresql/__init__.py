@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend with psycopg's pool, failing fast while the database is down."""
