@@ -16,6 +16,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from psycopg_pool import PoolTimeout
 
+from toolhub.postgresql.pool import reachability
+
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5
@@ -77,7 +79,8 @@ class DatabaseOutageMiddleware(MiddlewareMixin):
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, OperationalError | InterfaceError):
             return None
-        if isinstance(exception.__cause__, PoolTimeout):
+        # The pool's timeout while its attempts to connect fail is an outage.
+        if isinstance(exception.__cause__, PoolTimeout) and not reachability.down:
             exhaustions.seen(exception)
             return unavailable(_BUSY)
         outages.seen(exception)
