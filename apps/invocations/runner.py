@@ -42,7 +42,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, connections, transaction
+from django.db import (
+    IntegrityError,
+    OperationalError,
+    close_old_connections,
+    connections,
+    transaction,
+)
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -796,11 +802,24 @@ def _wait(call: Call, future: Future[Any]) -> Any:
             return future.result(timeout=max(0.0, min(remaining, CANCEL_POLL_S)))
         except FutureTimeout:
             assert call.record is not None  # a quick call is recorded once it lingers
-            if InvocationRecord.objects.filter(pk=call.record.pk, cancel_requested=True).exists():
+            if _cancel_requested(call.record.pk):
                 future.cancel()
                 call.context._cancel.set()
                 raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
             _release_connection()
+
+
+def _cancel_requested(record_pk: Any) -> bool:
+    """A poll that gets no connection (every pooled one in use, a blip) says no and the
+    next one asks again: the tool's result must not be lost to a cancellation check.
+    Inside a caller's transaction the error stands (the transaction is broken)."""
+    try:
+        return InvocationRecord.objects.filter(pk=record_pk, cancel_requested=True).exists()
+    except OperationalError:
+        if connections["default"].in_atomic_block:
+            raise
+        logger.warning("cancellation poll skipped: no database connection")
+        return False
 
 
 def _release_connection() -> None:
