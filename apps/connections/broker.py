@@ -163,6 +163,12 @@ def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
     return HttpClient(connection)
 
 
+def scrubber_of(http: object) -> Scrubber | None:
+    """The scrubber of the very secret this bound http capability sends (None for no
+    capability), so the runner scrubs what was sent, not the connection's secret now."""
+    return http._scrubber if isinstance(http, HttpClient) else None
+
+
 def secret_scrubber(tenant: Tenant, connection_id: str) -> Scrubber:
     """What the runner passes a connection's tool output through: its secrets, in their
     usual encodings, become `[redacted]` (see scrubbing.py).

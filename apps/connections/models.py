@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from apps.connections import crypto
 from apps.connections.scrubbing import MIN_SECRET_LENGTH
+from apps.tenants.epoch import EpochQuerySet
 from apps.tenants.models import Tenant, validate_principal
 
 HOST_PATTERN_RE = re.compile(r"^(\*\.)?([A-Za-z0-9-]+\.)*[A-Za-z0-9-]+$|^\[[0-9a-fA-F:]+\]$")
@@ -64,6 +65,9 @@ class Connection(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # A bulk update (of its tenant, say) changes the epoch, as a save or a delete does.
+    objects = EpochQuerySet["Connection"].as_manager()
+
     class Meta:
         ordering = ["tenant__slug", "name"]
         constraints = [
@@ -102,7 +106,10 @@ class Connection(models.Model):
         return bool(self.secret_encrypted)
 
 
-class GrantQuerySet(models.QuerySet["Grant"]):
+class GrantQuerySet(EpochQuerySet["Grant"]):
+    """Bulk updates (revoking many, moving an expiry) change the authorization epoch, as
+    saves and deletes do: the call path caches grants under it (grants.py)."""
+
     def active(self) -> GrantQuerySet:
         now = timezone.now()
         return self.filter(revoked_at__isnull=True).filter(

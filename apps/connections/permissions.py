@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING
 
-from apps.connections.models import Connection, Grant
+from apps.connections import grants
+from apps.connections.models import Connection
 from apps.tenants import object_permissions
 from apps.tenants.models import Tenant
 
@@ -14,10 +16,12 @@ if TYPE_CHECKING:
 USE = "connections.use_connection"
 
 
-def can_use_connection(user: User, connection: Connection) -> bool:
+def can_use_connection(user: User, connection: Connection | uuid.UUID) -> bool:
     """`user.has_perm(USE) or user.has_perm(USE, connection)`, in one query and cached
     under the authorization epoch (apps/tenants/object_permissions.py): the runner asks it
-    on every call with a connection (issue 13)."""
+    on every call with a connection (issue 13), knowing only the connection's pk."""
+    if not isinstance(connection, Connection):
+        connection = Connection(pk=connection)  # only its pk is read
     return object_permissions.holds(user, USE, connection)
 
 
@@ -26,6 +30,10 @@ def usable_connections(
 ) -> list[Connection]:
     """The connections a call by this caller could use now: granted to it (or to the run)
     and permitted by `use_connection`, the runner's step 4 asked without a request."""
-    granted = Grant.objects.usable_by(tenant, principal, run_id).values("connection")
-    candidates = Connection.objects.filter(tenant=tenant, pk__in=granted).order_by("name", "pk")
+    granted = grants.usable_until(tenant, principal, run_id)
+    if not granted:
+        return []
+    candidates = Connection.objects.filter(tenant=tenant, pk__in=list(granted)).order_by(
+        "name", "pk"
+    )
     return [c for c in candidates if can_use_connection(user, c)]

@@ -53,8 +53,7 @@ from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
 from apps.approvals.models import ApprovalRequest
-from apps.connections import broker
-from apps.connections.models import Connection, Grant
+from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
 from apps.invocations import events, ratelimit, signals
@@ -116,6 +115,9 @@ class Call:
     # Called once if the tool is still running after QUICK_S (a worker hands the rest of
     # its batch to other workers rather than hold it behind a slow call).
     on_linger: Callable[[], None] | None = field(default=None, repr=False)
+    # The scrubber of the secret the bound http capability sends (step 10b scrubs that
+    # one, even if the secret is rotated while the tool runs).
+    scrubber: Scrubber | None = field(default=None, repr=False)
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -170,11 +172,11 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
 def check_call(call: Call) -> None:
     """Steps 1-6, the checks every call passes before it may run (or be held), and
     that an approved call passes again before it runs; a failure raises Refusal."""
-    with epoch.pinned():  # steps 1-3 ask caches: one read of the epoch for all of them
+    with epoch.pinned():  # steps 1-4 ask caches: one read of the epoch for all of them
         lookup_tool(call)
         check_policy(call)
         check_permission(call)
-    check_connection(call)
+        check_connection(call)
     validate_args(call)
     apply_rules(call)
 
@@ -394,6 +396,7 @@ def run_started(call: Call) -> InvocationRecord:
     """Steps 9-13 for a call whose start is recorded."""
     try:
         capabilities = bind_capabilities(call)
+        call.scrubber = broker.scrubber_of(capabilities.http)
         output = scrub_secrets(call, execute(call, capabilities))
         result = validate_output(call, output)
         return record_result(call, redact_result(call, result))
@@ -486,21 +489,18 @@ def check_connection(call: Call) -> None:
             ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given."
         )
     caller = call.caller
-    granted = Grant.objects.usable_by(caller.tenant, caller.principal, call.run_id)
+    # A run id minted for this call (none was sent) is named by no grant yet: only the
+    # caller's standing grants apply, and no cache entry is made per minted id.
+    run_id = call.run_id if call.request.run_id else ""
     requested = _as_uuid(connection_id)
-    connection = (
-        Connection.objects.filter(tenant=caller.tenant, pk=requested)
-        .filter(pk__in=granted.values("connection"))
-        .order_by()  # one row by pk: no join for the model's ordering (issue 13)
-        .first()
-        if requested
-        else None
-    )
-    if connection is None:
+    # Cached under the epoch, expiry compared with the clock now (connections/grants.py).
+    if requested is None or not grants.may_use(
+        caller.tenant, caller.principal, run_id, requested
+    ):
         raise Refusal(ErrorCode.POLICY_DENIED, "That connection is not granted to this caller.")
-    if not can_use_connection(caller.user, connection):
+    if not can_use_connection(caller.user, requested):
         raise Refusal(ErrorCode.AUTHZ_DENIED, f"{caller.principal} may not use that connection.")
-    call.connection_id = str(connection.pk)
+    call.connection_id = str(requested)
 
 
 def _as_uuid(value: str) -> uuid.UUID | None:
@@ -852,6 +852,11 @@ def scrub_secrets(call: Call, output: Any) -> Any:
 
 
 def _scrubber(call: Call) -> Scrubber:
+    """The bound secret's scrubber: re-reading the connection here would scrub a secret
+    rotated while the tool ran, not the one it sent. Only a call that bound no http
+    capability (its binding failed) reads the connection's current secret."""
+    if call.scrubber is not None:
+        return call.scrubber
     try:
         return broker.secret_scrubber(call.caller.tenant, call.connection_id)
     except Exception as exc:  # fail closed: output we cannot check does not leave

