@@ -97,8 +97,8 @@ class Connection(models.Model):
         self.secret_encrypted = crypto.encrypt({k: fields[k] for k in expected if fields.get(k)})
 
     def read_secret(self) -> dict[str, str]:
-        """Only capability builders call this (the MCP source; the broker decrypts through
-        `broker.unseal`, which caches per ciphertext)."""
+        """For tests and scripts; a call's credentials come from `broker.unseal`
+        (http_request and the MCP source), which decrypts once per ciphertext."""
         return crypto.decrypt(self.secret_encrypted) if self.secret_encrypted else {}
 
     @property

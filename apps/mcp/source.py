@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from apps.connections.broker import _auth_headers
+from apps.connections.broker import unseal
 from apps.connections.netguard import host_allowed
 from apps.mcp.models import (
     CommandNotAllowed,
@@ -143,7 +143,10 @@ def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
                 f"The connection {connection.name!r} may not send its credentials to "
                 f"{host!r} (not in its allowed hosts)."
             )
-        headers = _auth_headers(connection.kind, connection.read_secret())
+        # Decrypted once per secret version, as for http_request (broker.unseal): a
+        # rotated or re-encrypted secret is a new ciphertext, so the next call reads it.
+        unsealed = unseal(str(connection.pk), connection.kind, connection.secret_encrypted)
+        headers = unsealed.credentials()
     return Endpoint(
         server=server.name,
         url=server.url,

@@ -33,6 +33,8 @@ from apps.connections import broker, crypto, netguard
 from apps.connections.models import Connection
 from apps.connections.permissions import USE, can_use_connection
 from apps.connections.scrubbing import REDACTED
+from apps.mcp.models import McpServer, McpServerCredential
+from apps.mcp.source import endpoint_for
 from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow
@@ -247,6 +249,31 @@ def test_a_secret_is_decrypted_once_per_version(caller, server, monkeypatch):
     connection.set_secret(token=SECOND)
     connection.save()
     ok_result(call(caller, connection, f"{server.base}/ok"))
+    assert decrypted == [connection.secret_encrypted]
+
+
+def test_an_mcp_servers_credential_is_decrypted_once_per_version(caller, monkeypatch):
+    """The MCP source takes a remote server's headers from the same per-version cache."""
+    connection = make_connection(caller.tenant, name="mcp", hosts=("mcp.example.com",))
+    connection.set_secret(token=FIRST)
+    connection.save()
+    server = McpServer.objects.create(
+        name="remote", transport="http", url="https://mcp.example.com/mcp"
+    )
+    McpServerCredential.objects.create(server=server, tenant=caller.tenant, connection=connection)
+
+    def headers() -> dict[str, str]:
+        return dict(endpoint_for(server, caller.tenant).headers)
+
+    assert headers() == {"Authorization": f"Bearer {FIRST}"}
+    decrypted: list[str] = []
+    real = crypto.decrypt
+    monkeypatch.setattr(crypto, "decrypt", lambda token: decrypted.append(token) or real(token))
+    assert headers() == {"Authorization": f"Bearer {FIRST}"}
+    assert decrypted == []
+    connection.set_secret(token=SECOND)  # rotated: the next call sends the new one
+    connection.save()
+    assert headers() == {"Authorization": f"Bearer {SECOND}"}
     assert decrypted == [connection.secret_encrypted]
 
 
