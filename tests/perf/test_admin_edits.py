@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 from guardian.shortcuts import assign_perm, remove_perm
 
+from apps.connections.models import Grant
 from apps.policies.models import Policy, PolicyRule
 from apps.tenants.models import ApiKey
 from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow, make_agent
+from tests.connections import HTTP, grant, make_connection, permit_use
 from tests.support.server import Server, daphne
 
 TOOL = "core__get_current_time"
@@ -31,10 +33,10 @@ def servers(transactional_db: None) -> Iterator[tuple[Server, Server]]:
         yield first, second
 
 
-def call(base: str, agent: Agent) -> dict[str, Any]:
+def call(base: str, agent: Agent, **body: Any) -> dict[str, Any]:
     request = urllib.request.Request(
         f"{base}/api/v1/invocations/",
-        data=json.dumps({"toolId": TOOL}).encode(),
+        data=json.dumps({"toolId": TOOL, **body}).encode(),
         headers={"Authorization": f"Bearer {agent.key}", "Content-Type": "application/json"},
         method="POST",
     )
@@ -46,13 +48,13 @@ def call(base: str, agent: Agent) -> dict[str, Any]:
     return body
 
 
-def outcomes(servers: tuple[Server, Server], agent: Agent) -> list[str | int]:
+def outcomes(servers: tuple[Server, Server], agent: Agent, **body: Any) -> list[str | int]:
     """What each server answers now: "ok" or the error code; twice each, so a server
     that answered from a cache filled by the first call would show it on the second."""
     answers: list[str | int] = []
     for base in (*servers, *servers):
-        body = call(base, agent)
-        answers.append("ok" if body["ok"] else body["errorCode"])
+        answer = call(base, agent, **body)
+        answers.append("ok" if answer["ok"] else answer["errorCode"])
     return answers
 
 
@@ -101,3 +103,30 @@ def test_it_applies_an_admins_edit_on_the_next_call_in_every_process(
 
     ApiKey.objects.get(tenant=agent.tenant).revoke()  # the key is refused everywhere at once
     assert outcomes(servers, agent) == [401] * 4
+
+
+@pytest.mark.server
+def test_a_grant_revoked_holds_on_the_next_call_in_every_process(
+    servers: tuple[Server, Server],
+) -> None:
+    """Step 4's grant check is cached per process too (apps/connections/grants.py)."""
+    agent = make_agent("acme")
+    allow(agent.tenant, HTTP)
+    connection = make_connection(agent.tenant)
+    permit_use(connection)
+    the_grant = grant(connection, agent.principal)
+    # Past step 4, the host allowlist refuses the URL: "execution" means the grant held.
+    body = {
+        "toolId": HTTP,
+        "args": {"url": "http://elsewhere.example.net/"},
+        "connectionId": str(connection.pk),
+        "runId": "run-grants",
+    }
+    assert outcomes(servers, agent, **body) == ["execution"] * 4
+
+    the_grant.revoke()  # the admin's revoke action
+    assert outcomes(servers, agent, **body) == ["policy_denied"] * 4
+    Grant.objects.filter(pk=the_grant.pk).update(revoked_at=None)  # a bulk edit gives it back
+    assert outcomes(servers, agent, **body) == ["execution"] * 4
+    Grant.objects.filter(pk=the_grant.pk).delete()  # the admin's bulk delete
+    assert outcomes(servers, agent, **body) == ["policy_denied"] * 4
