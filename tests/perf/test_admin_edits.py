@@ -33,10 +33,10 @@ def servers(transactional_db: None) -> Iterator[tuple[Server, Server]]:
         yield first, second
 
 
-def call(base: str, agent: Agent, **body: Any) -> dict[str, Any]:
+def call(base: str, agent: Agent, **fields: Any) -> dict[str, Any]:
     request = urllib.request.Request(
         f"{base}/api/v1/invocations/",
-        data=json.dumps({"toolId": TOOL, **body}).encode(),
+        data=json.dumps({"toolId": TOOL, **fields}).encode(),
         headers={"Authorization": f"Bearer {agent.key}", "Content-Type": "application/json"},
         method="POST",
     )
