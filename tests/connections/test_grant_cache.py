@@ -12,7 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection as db
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -146,6 +148,32 @@ def test_a_secret_rotation_leaves_the_epoch_alone(caller: Agent) -> None:
     connection.set_secret(token="token-rotated-0123")
     connection.save(update_fields=["secret_encrypted"])
     assert epoch.read() == before
+
+
+def test_the_admins_revoke_action_changes_the_epoch_once_and_holds_at_once(
+    caller: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection, first = usable_connection(caller)
+    second = grant(connection, caller.principal)
+    warm(caller, connection)
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("root", "root@example.com", "pw-root-1234"))
+    bumps: list[int] = []
+    real = epoch.bump
+
+    def counted(**kwargs: Any) -> None:
+        bumps.append(1)
+        real(**kwargs)
+
+    monkeypatch.setattr(epoch, "bump", counted)
+    response = staff.post(
+        "/admin/connections/grant/",
+        {"action": "revoke", "_selected_action": [first.pk, second.pk]},
+    )
+    assert response.status_code == 302
+    assert not Grant.objects.filter(revoked_at__isnull=True).exists()
+    assert len(bumps) == 1
+    assert outcome(caller, connection) == "policy_denied"
 
 
 # ---------------------------------------------------------------- expiry needs no edit
