@@ -21,6 +21,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
+from apps.invocations import inserts
 from apps.invocations.models import Run, RunEvent
 from apps.tenants.models import Tenant
 
@@ -131,10 +132,7 @@ def emit_many(tenant: Tenant, run_id: str, batch: list[Event]) -> list[EventMess
                     at=at,
                 )
             )
-        if len(rows) == 1:
-            rows[0].save(force_insert=True)
-        else:
-            RunEvent.objects.bulk_create(rows)
+        inserts.insert(rows)  # one statement, its text built once (issue 13)
         transaction.on_commit(lambda: _push_all(tenant.pk, run_id, messages))
     return messages
 

@@ -56,7 +56,7 @@ from apps.approvals.models import ApprovalRequest
 from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import events, ratelimit, signals
+from apps.invocations import events, inserts, ratelimit, signals
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
@@ -1002,7 +1002,10 @@ def _close_record(
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
     with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
-        record.save()  # an INSERT for a record built by _unsaved_record, else an UPDATE
+        if record._state.adding:  # built by _unsaved_record: written only now
+            inserts.insert([record])
+        else:
+            record.save()
         # A record written only now (`start` given) has its start event written with it.
         starting = [_start_event(start, at or record.started_at)] if start is not None else []
         events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])
