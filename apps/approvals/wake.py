@@ -79,6 +79,9 @@ class Listener(threading.Thread):
                 delay = min(delay * 2, LISTEN_RETRY_MAX_S)
             finally:
                 with contextlib.suppress(Exception):
+                    # A pooled connection goes back to the pool: not still listening.
+                    db.connection.execute(f"UNLISTEN {CHANNEL}")
+                with contextlib.suppress(Exception):
                     db.close()
 
 
