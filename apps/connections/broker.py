@@ -23,6 +23,7 @@ from apps.connections import crypto
 from apps.connections.models import SECRET_VALUE_FIELDS, Connection
 from apps.connections.netguard import Blocked, NetworkPolicy, Resolver, fetch, system_resolver
 from apps.connections.scrubbing import Scrubber, secret_forms
+from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
 from apps.tools.contracts import ToolError
 
@@ -151,13 +152,22 @@ class HttpClient:
         }
 
 
-def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
+# The rows step 9 binds, per (tenant, connection id), valid while the authorization epoch
+# holds: every save of a connection (its secret included), its deletion and bulk writes
+# change the epoch (apps/tenants/epoch.py), so a warm call reads no connection (issue 13).
+_rows = EpochCache("connection rows")
+
+
+def _row(tenant: Tenant, connection_id: str) -> Connection | None:
     # No ordering: Meta's (tenant slug, name) would join the tenant table for one row.
-    connection = (
-        Connection.objects.filter(tenant=tenant, pk=connection_id).order_by().first()
-        if connection_id
-        else None
+    return _rows.get(
+        (tenant.pk, connection_id),
+        lambda: Connection.objects.filter(tenant=tenant, pk=connection_id).order_by().first(),
     )
+
+
+def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
+    connection = _row(tenant, connection_id) if connection_id else None
     if connection is None:  # the runner checked it; a deletion in between lands here
         raise ToolError("The connection no longer exists.")
     return HttpClient(connection)

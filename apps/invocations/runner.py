@@ -494,9 +494,7 @@ def check_connection(call: Call) -> None:
     run_id = call.run_id if call.request.run_id else ""
     requested = _as_uuid(connection_id)
     # Cached under the epoch, expiry compared with the clock now (connections/grants.py).
-    if requested is None or not grants.may_use(
-        caller.tenant, caller.principal, run_id, requested
-    ):
+    if requested is None or not grants.may_use(caller.tenant, caller.principal, run_id, requested):
         raise Refusal(ErrorCode.POLICY_DENIED, "That connection is not granted to this caller.")
     if not can_use_connection(caller.user, requested):
         raise Refusal(ErrorCode.AUTHZ_DENIED, f"{caller.principal} may not use that connection.")
@@ -700,12 +698,13 @@ def record_start(call: Call) -> InvocationRecord | None:
         return None
     try:
         with transaction.atomic():
-            call.record = InvocationRecord.objects.create(
+            call.record = InvocationRecord(
                 **_record_fields(call),
                 idempotency_key=call.request.idempotency_key,
                 status=Status.RUNNING,
                 started_at=now,
             )
+            inserts.insert([call.record])  # a claimed key fails it: IntegrityError
             _no_approval(call.record)
             _emit_start(call, now)
     except IntegrityError:

@@ -172,11 +172,11 @@ _M2M = (
     ("auth.Group", "permissions"),
     ("policies.Policy", "tools"),
 )
-# Saves that change nothing a cache holds: a login's timestamp, a secret re-encrypted
-# (the broker caches secrets per ciphertext, not under the epoch).
+# Saves that change nothing a cache holds: a login's timestamp. (A connection's secret
+# is not among them: the broker caches connection rows, ciphertext included, under the
+# epoch, so a rotated secret is sent on the next call.)
 _IGNORED_UPDATES = {
     "auth.User": frozenset({"last_login"}),
-    "connections.Connection": frozenset({"secret_encrypted", "updated_at"}),
 }
 
 

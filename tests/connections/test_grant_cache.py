@@ -141,13 +141,17 @@ def test_a_grant_given_back_by_a_bulk_update_holds_on_the_next_call(caller: Agen
     assert outcome(caller, connection) == "granted"
 
 
-def test_a_secret_rotation_leaves_the_epoch_alone(caller: Agent) -> None:
-    """Re-encrypting a secret (rotate_connection_keys) changes no answer the epoch guards."""
+def test_a_secret_saved_alone_changes_the_epoch_and_is_sent_on_the_next_call(
+    caller: Agent,
+) -> None:
+    """The broker caches connection rows, ciphertext included, under the epoch: a secret
+    saved on its own (rotate_connection_keys, or a script) must change it."""
     connection, _ = usable_connection(caller)
+    warm(caller, connection)
     before = epoch.read()
     connection.set_secret(token="token-rotated-0123")
     connection.save(update_fields=["secret_encrypted"])
-    assert epoch.read() == before
+    assert epoch.read() != before
 
 
 def test_the_admins_revoke_action_changes_the_epoch_once_and_holds_at_once(
@@ -272,7 +276,7 @@ def server() -> Iterator[LocalServer]:
         yield running
 
 
-def test_a_warm_http_call_reads_no_grant_and_the_connection_once(
+def test_a_warm_http_call_reads_neither_a_grant_nor_the_connection(
     caller: Agent, server: LocalServer
 ) -> None:
     connection = make_connection(caller.tenant, hosts=("127.0.0.1",), private=True)
@@ -288,5 +292,5 @@ def test_a_warm_http_call_reads_no_grant_and_the_connection_once(
         ok_result(call())
     sql = [q["sql"] for q in queries.captured_queries]
     assert not [s for s in sql if "connections_grant" in s], sql
-    # Step 9 reads the connection to bind it; step 10b scrubs with what was bound.
-    assert len([s for s in sql if "connections_connection" in s]) == 1, sql
+    # Step 9 binds the row cached under the epoch; step 10b scrubs with what was bound.
+    assert not [s for s in sql if "connections_connection" in s], sql

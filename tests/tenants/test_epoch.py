@@ -136,13 +136,15 @@ def test_it_changes_the_epoch_on_every_grant_and_connection_write(agent: Agent, 
 
 
 @pytest.mark.django_db
-def test_a_secret_re_encrypted_leaves_the_epoch_alone(agent: Agent) -> None:
+def test_a_secret_re_encrypted_changes_the_epoch(agent: Agent) -> None:
+    """Connection rows, ciphertext included, are cached under the epoch (the broker)."""
     connection = a_grant(agent).connection
     before = epoch.read()
-    connection.set_secret(token="token-rotated-0123")
-    connection.save(update_fields=["secret_encrypted"])  # as rotate_connection_keys does
     Grant.objects.filter(principal="nobody").update(revoked_at=timezone.now())  # no row
     assert epoch.read() == before
+    connection.set_secret(token="token-rotated-0123")
+    connection.save(update_fields=["secret_encrypted"])  # as rotate_connection_keys does
+    assert epoch.read() != before
 
 
 @pytest.mark.django_db
