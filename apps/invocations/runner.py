@@ -978,6 +978,20 @@ def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
     return _close_record(record, ok=False, refusal=Refusal(ErrorCode.EXECUTION, safe_message))
 
 
+# What _close_record sets, and the start of a held call that ends without running.
+CLOSING_FIELDS = (
+    "started_at",
+    "ended_at",
+    "duration_ms",
+    "ok",
+    "result",
+    "status",
+    "error_code",
+    "safe_message",
+    "retry_after_ms",
+)
+
+
 def _close_record(
     record: InvocationRecord,
     *,
@@ -1003,8 +1017,8 @@ def _close_record(
     with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
         if record._state.adding:  # built by _unsaved_record: written only now
             inserts.insert([record])
-        else:
-            record.save()
+        else:  # the columns a call's end sets (issue 13: not an UPDATE of every column)
+            record.save(update_fields=CLOSING_FIELDS)
         # A record written only now (`start` given) has its start event written with it.
         starting = [_start_event(start, at or record.started_at)] if start is not None else []
         events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from guardian.shortcuts import assign_perm, get_objects_for_user
 
+from apps.invocations.models import InvocationRecord
 from apps.tools.models import Tool
 from apps.tools.permissions import can_execute, executable_tools
 from tests.conftest import Agent
@@ -89,3 +90,26 @@ def test_it_lets_an_active_superuser_execute_any_tool(tool: Tool) -> None:
     root = User.objects.create_superuser("root", password="pw-root-12345")
     assert can_execute(root, tool)
     assert set(executable_tools(root)) == set(Tool.objects.usable())
+
+
+@pytest.mark.django_db
+def test_a_call_recorded_before_it_runs_is_closed_with_an_update_of_its_end_only(
+    agent: Agent,
+) -> None:
+    """Not an UPDATE of every column (issue 13): the args, the hash, the key, the tool and
+    the principal were written with the start and stay as they are."""
+    agent.invoke(TOOL, runId="run-u", idempotencyKey="k-0")
+    with CaptureQueriesContext(connection) as queries:
+        answer = agent.invoke(TOOL, runId="run-u", idempotencyKey="k-1").json()
+    assert answer["ok"] is True
+    (update,) = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith("UPDATE") and "invocations_invocationrecord" in q["sql"]
+    ]
+    assigned = update.split(" SET ")[1].split(" WHERE ")[0]
+    for untouched in ("args", "request_hash", "idempotency_key", "principal", "tool_id"):
+        assert f'"{untouched}" =' not in assigned, update
+    record = InvocationRecord.objects.get(pk=answer["invocationId"])
+    assert (record.status, record.ok, record.idempotency_key) == ("succeeded", True, "k-1")
+    assert record.ended_at is not None and record.duration_ms is not None
