@@ -139,13 +139,19 @@ _watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, KeyWatch] = (
 )
 
 
-def key_watch() -> KeyWatch:
-    """This loop's watch (tests run one loop per test; Daphne one in all)."""
+def _this_loops[W](
+    registry: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, W], make: type[W]
+) -> W:
+    """The running loop's watch (tests run one loop per test; Daphne one in all)."""
     loop = asyncio.get_running_loop()
-    watch = _watches.get(loop)
+    watch = registry.get(loop)
     if watch is None:
-        watch = _watches[loop] = KeyWatch()
+        watch = registry[loop] = make()
     return watch
+
+
+def key_watch() -> KeyWatch:
+    return _this_loops(_watches, KeyWatch)
 
 
 # ---------------------------------------------------------------- staff sessions
@@ -251,9 +257,4 @@ _session_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionWa
 
 
 def session_watch() -> SessionWatch:
-    """This loop's watch of staff-session streams."""
-    loop = asyncio.get_running_loop()
-    watch = _session_watches.get(loop)
-    if watch is None:
-        watch = _session_watches[loop] = SessionWatch()
-    return watch
+    return _this_loops(_session_watches, SessionWatch)

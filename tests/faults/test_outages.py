@@ -135,14 +135,7 @@ def test_the_scale_out_deployment_survives_its_dependencies_faults(tmp_path):
         redis = Redis()
         stack.callback(redis.stop)
         env = deployment_env(pg, redis.start())
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            check=True,
-            timeout=120,
-        )
-        key = remote(env, "seed")["key"]
+        key = migrated_and_seeded(env)
         a = stack.enter_context(daphne(env))
         b = stack.enter_context(daphne(env))
         agent_a, agent_b = KeyClient(a, key), KeyClient(b, key)
@@ -265,3 +258,15 @@ def deployment_env(pg: Postgres, redis_url: str) -> dict[str, str]:
 
         env["TOOLHUB_ENCRYPTION_KEY"] = Fernet.generate_key().decode()
     return env
+
+
+def migrated_and_seeded(env: dict[str, str]) -> str:
+    """Migrate the deployment's database and seed it; the seeded agent's key."""
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        check=True,
+        timeout=120,
+    )
+    return str(remote(env, "seed")["key"])

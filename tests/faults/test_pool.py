@@ -5,9 +5,6 @@ connection each, and a restart or an outage fails no request beyond the outage i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,9 +21,9 @@ from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.conftest import allow, make_agent
 from tests.faults import pool_tools
-from tests.faults.test_outages import deployment_env, remote
+from tests.faults.test_outages import deployment_env, migrated_and_seeded
 from tests.support.postgres import Postgres, postgres_server
-from tests.support.server import ROOT, daphne
+from tests.support.server import daphne
 from tests.support.tools import CONTRACTS as SUPPORT_TOOLS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
@@ -201,13 +198,6 @@ def daphne_on(pg: Postgres) -> Iterator[tuple[str, str]]:
     """Daphne on a PostgreSQL server of the test's own (migrated and seeded), which the
     test stops and starts; yields (base URL, agent key)."""
     env = {**deployment_env(pg, ""), "TOOLHUB_DB_POOL_MIN_SIZE": "3"}
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        check=True,
-        timeout=120,
-    )
-    key = remote(env, "seed")["key"]
+    key = migrated_and_seeded(env)
     with daphne(env) as server:
         yield server, key
