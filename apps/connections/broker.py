@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -177,6 +178,34 @@ def scrubber_of(http: object) -> Scrubber | None:
     """The scrubber of the very secret this bound http capability sends (None for no
     capability), so the runner scrubs what was sent, not the connection's secret now."""
     return http._scrubber if isinstance(http, HttpClient) else None
+
+
+# The credentials a call sent outside the http capability (an MCP server's headers), by
+# the call's ToolContext (its identity: the runner's own object, dropped with it).
+_sent: dict[int, Scrubber] = {}
+_sent_lock = threading.Lock()
+
+
+def note_sent(ctx: object, unsealed: Unsealed) -> None:
+    """Called before `unsealed`'s credentials leave for a call's target: the runner's step
+    10b scrubs that very secret from what the call returns (sent_scrubber), even if the
+    connection is rotated while the call runs."""
+    key = id(ctx)
+    with _sent_lock:
+        noted = _sent.get(key)
+        if noted is None:
+            weakref.finalize(ctx, _forget_sent, key)
+        _sent[key] = unsealed.scrubber if noted is None else noted | unsealed.scrubber
+
+
+def _forget_sent(key: int) -> None:
+    with _sent_lock:
+        _sent.pop(key, None)
+
+
+def sent_scrubber(ctx: object) -> Scrubber | None:
+    """The scrubber of every credential noted as sent for this call (None: none was)."""
+    return _sent.get(id(ctx)) if ctx is not None else None
 
 
 def secret_scrubber(tenant: Tenant, connection_id: str) -> Scrubber:

@@ -81,6 +81,10 @@ class Scrubber:
     def __repr__(self) -> str:
         return "<Scrubber>"  # never the secrets
 
+    def __or__(self, other: Scrubber) -> Scrubber:
+        """Both scrubbers' secrets: a call that sent more than one credential."""
+        return Scrubber([*self._forms, *other._forms])
+
     def text(self, value: str) -> str:
         return self._pattern.sub(REDACTED, value) if self._pattern else value
 

@@ -16,7 +16,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
   8 record_start         tool_call_start
   9 bind_capabilities
  10 execute              execution, timeout, cancelled, unavailable (a remote server down)
-    scrub_secrets        execution (the connection's secrets out of the output, step 10b)
+    scrub_secrets        execution (the secrets the call sent out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
  12 redact_result        redaction_failed
  13 record_result        tool_call_result
@@ -842,22 +842,27 @@ def scrub_secrets(call: Call, output: Any) -> Any:
     """10b. SECRETS_NEVER_ECHOED: a target that echoes the request would hand the model
     the credential the broker attached. The connections app replaces the connection's
     secrets (and their usual encodings) in every string, keys included, before anything
-    validates, stores or emits the output. A call without a connection skips this."""
-    if not call.connection_id:
+    validates, stores or emits the output; so for an MCP server's credential, noted as
+    sent by the MCP source (broker.note_sent). A call that sent no secret skips this."""
+    scrubber = _scrubber(call)
+    if scrubber is None:
         return output
     dumped = output.model_dump(mode="json") if isinstance(output, BaseModel) else output
-    scrubbed = _scrubber(call).scrub(dumped)
+    scrubbed = scrubber.scrub(dumped)
     return output if scrubbed == dumped else scrubbed
 
 
-def _scrubber(call: Call) -> Scrubber:
-    """The bound secret's scrubber: re-reading the connection here would scrub a secret
-    rotated while the tool ran, not the one it sent. Only a call that bound no http
-    capability (its binding failed) reads the connection's current secret."""
-    if call.scrubber is not None:
-        return call.scrubber
+def _scrubber(call: Call) -> Scrubber | None:
+    """The scrubber of the secrets the call sent: the bound http capability's, and an MCP
+    credential noted as sent. Re-reading either here would scrub a secret rotated while
+    the tool ran, not the one it sent. Only a call that bound no http capability (its
+    binding failed) reads the connection's current secret. None: the call sent none."""
     try:
-        return broker.secret_scrubber(call.caller.tenant, call.connection_id)
+        bound = call.scrubber
+        if bound is None and call.connection_id:
+            bound = broker.secret_scrubber(call.caller.tenant, call.connection_id)
+        sent = broker.sent_scrubber(call.context)
+        return sent if bound is None else bound if sent is None else bound | sent
     except Exception as exc:  # fail closed: output we cannot check does not leave
         logger.error("secret scrubber for %s failed: %s", call.tool_ref, type(exc).__name__)
         raise Refusal(
@@ -867,12 +872,15 @@ def _scrubber(call: Call) -> Scrubber:
 
 def _scrubbed(call: Call, refusal: Refusal) -> Refusal:
     """A tool's error message may quote the target (a redirect's URL, an error page)."""
-    if not call.connection_id or refusal.code != ErrorCode.EXECUTION:
+    if refusal.code != ErrorCode.EXECUTION:
         return refusal  # the other codes' messages are the runner's own words
     try:
-        return Refusal(refusal.code, _scrubber(call).text(refusal.safe_message))
+        scrubber = _scrubber(call)
     except Refusal as unchecked:
         return unchecked
+    return (
+        refusal if scrubber is None else Refusal(refusal.code, scrubber.text(refusal.safe_message))
+    )
 
 
 def validate_output(call: Call, output: Any) -> dict[str, Any]:

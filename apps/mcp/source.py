@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from apps.connections.broker import unseal
+from apps.connections.broker import note_sent, unseal
 from apps.connections.netguard import host_allowed
 from apps.mcp.models import (
     CommandNotAllowed,
@@ -116,10 +116,15 @@ class McpSource:
         return registered
 
 
-def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
+def endpoint_for(
+    server: McpServer, tenant: Tenant | None, call: ToolContext | None = None
+) -> Endpoint:
     """How to reach `server` for `tenant`: the command re-checked against the allowlist,
     an HTTP server's headers from the tenant's credential connection (via the broker's
-    header rules), never from arguments."""
+    header rules), never from arguments. For a `call`, the credential is noted as sent
+    before it leaves (broker.note_sent): the runner scrubs it from the call's output and
+    error messages (step 10b), as it does a connection's. A stdio server gets no
+    credential: its argv only, and the SDK's default environment (PATH, HOME, ...)."""
     if server.transport == Transport.STDIO:
         try:
             argv = allowed_argv(server.command)
@@ -146,6 +151,8 @@ def endpoint_for(server: McpServer, tenant: Tenant | None) -> Endpoint:
         # Decrypted once per secret version, as for http_request (broker.unseal): a
         # rotated or re-encrypted secret is a new ciphertext, so the next call reads it.
         unsealed = unseal(str(connection.pk), connection.kind, connection.secret_encrypted)
+        if call is not None:
+            note_sent(call, unsealed)
         headers = unsealed.credentials()
     return Endpoint(
         server=server.name,
@@ -161,7 +168,7 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
         if server is None:
             raise ToolUnavailable("The MCP server is disabled or was removed.")
         tenant = Tenant.objects.filter(slug=ctx.tenant).first()
-        endpoint = endpoint_for(server, tenant)
+        endpoint = endpoint_for(server, tenant, call=ctx)
         try:
             result = pool.call_tool(
                 endpoint,

@@ -229,6 +229,12 @@ def test_values_shorter_than_the_minimum_are_not_scrubbed():
     assert scrub("the cat sat", "cat") == "the cat sat"
 
 
+def test_joined_scrubbers_scrub_both_secrets_in_any_case():
+    other = "Other-Secret-Value-42"
+    joined = Scrubber(secret_forms([TOKEN])) | Scrubber(secret_forms([other]))
+    assert joined.text(f"{TOKEN.upper()} and {other}") == f"{REDACTED} and {REDACTED}"
+
+
 def test_a_scrubber_never_shows_its_secrets():
     assert TOKEN not in repr(Scrubber(secret_forms([TOKEN])))
 

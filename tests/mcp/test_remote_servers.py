@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import io
+import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -30,12 +35,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def http_server() -> Iterator[str]:
+def seen(tmp_path: Path) -> Callable[[], list[str]]:
+    """The Authorization headers the test server received, one per tool call."""
+    path = tmp_path / "seen.txt"
+    return lambda: path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, f"{SERVERS}/http_server.py", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "MCP_HTTP_SEEN": str(tmp_path / "seen.txt")},
     )
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 20
@@ -83,7 +96,7 @@ def test_an_sdk_server_over_http_is_imported_called_held_and_approved(http_serve
     assert kinds == ["approval_required", "approval_decided", "tool_call_start", "tool_call_result"]
 
 
-def test_http_credentials_come_from_the_tenants_connection_not_from_arguments(http_server):
+def test_http_credentials_come_from_the_tenants_connection_not_from_arguments(http_server, seen):
     call_command("mcp_add", "calc", "--url", http_server, stdout=io.StringIO())
     call_command("mcp_sync", "calc", stdout=io.StringIO())
     enable("mcp__calc__whoami")
@@ -97,9 +110,98 @@ def test_http_credentials_come_from_the_tenants_connection_not_from_arguments(ht
     server = McpServer.objects.get(name="calc")
     McpServerCredential.objects.create(server=server, tenant=acme.tenant, connection=connection)
     acme_body = acme.invoke("mcp__calc__whoami").json()
-    assert acme_body["result"]["content"][0]["text"] == "Bearer acme-calc-token"
     globex_body = globex.invoke("mcp__calc__whoami").json()
+    assert seen() == ["Bearer acme-calc-token", "anonymous"]
+    # What the server echoes of the credential reaches nobody (step 10b).
+    assert acme_body["result"]["content"][0]["text"] == "Bearer [redacted]"
     assert globex_body["result"]["content"][0]["text"] == "anonymous"
+
+
+TOKEN = "acme-calc-token"
+
+
+def with_credential(url: str, *tools: str) -> Any:
+    """The calc server imported, `tools` enabled and allowed for acme, which has a
+    bearer credential for it."""
+    call_command("mcp_add", "calc", "--url", url, stdout=io.StringIO())
+    call_command("mcp_sync", "calc", stdout=io.StringIO())
+    tool_ids = [f"mcp__calc__{tool}" for tool in tools]
+    enable(*tool_ids)
+    acme = make_agent("acme")
+    allow(acme.tenant, *tool_ids)
+    connection = Connection(tenant=acme.tenant, name="calc", kind="bearer")
+    connection.allowed_hosts = ["127.0.0.1"]
+    connection.set_secret(token=TOKEN)
+    connection.save()
+    server = McpServer.objects.get(name="calc")
+    McpServerCredential.objects.create(server=server, tenant=acme.tenant, connection=connection)
+    return acme
+
+
+def everything_about(run_id: str, body: Any) -> str:
+    """The answer, the record and the run's events: everywhere a result goes."""
+    records = list(InvocationRecord.objects.filter(run_id=run_id).values())
+    events = list(RunEvent.objects.filter(run_id=run_id).values())
+    return str([body, records, events])
+
+
+def test_an_mcp_servers_encoded_echo_of_its_credential_is_scrubbed_everywhere(http_server, seen):
+    acme = with_credential(http_server, "echo_encoded")
+    body = acme.invoke("mcp__calc__echo_encoded", runId="run-echo").json()
+    assert seen() == [f"Bearer {TOKEN}"]
+    assert body["ok"] is True, body
+    echoed = body["result"]["structuredContent"]
+    assert echoed["urlsafe"] == "[redacted]" and echoed["percent"] == "Bearer%20[redacted]"
+    assert "[redacted]" in echoed["base64"]  # the middle of a longer base64 text
+    told = everything_about("run-echo", body)
+    for form in (
+        TOKEN,
+        base64.b64encode(f"Bearer {TOKEN}".encode()).decode(),
+        base64.urlsafe_b64encode(TOKEN.encode()).decode().rstrip("="),
+        quote(f"Bearer {TOKEN}", safe=""),
+    ):
+        assert form not in told
+
+
+def test_an_mcp_error_message_quoting_the_credential_is_scrubbed(http_server, seen):
+    acme = with_credential(http_server, "echo_error")
+    body = acme.invoke("mcp__calc__echo_error", runId="run-error").json()
+    assert seen() == [f"Bearer {TOKEN}"]
+    assert body["ok"] is False and body["errorCode"] == "execution", body
+    assert "refused the request with Bearer [redacted]" in body["safeMessage"]
+    assert TOKEN not in everything_about("run-error", body)
+
+
+def test_the_credential_sent_is_scrubbed_even_if_rotated_while_the_call_runs(http_server, seen):
+    acme = with_credential(http_server, "echo_later")
+    answers: list[Any] = []
+    call = threading.Thread(
+        target=lambda: answers.append(
+            acme.invoke("mcp__calc__echo_later", args={"seconds": 1.5}, runId="run-r").json()
+        )
+    )
+    call.start()
+    deadline = time.monotonic() + 10
+    while not seen() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen() == [f"Bearer {TOKEN}"]  # sent: now the connection is rotated
+    connection = Connection.objects.get(name="calc")
+    connection.set_secret(token="rotated-calc-token")
+    connection.save()
+    call.join(15)
+    [body] = answers
+    assert body["ok"] is True, body
+    assert body["result"]["content"][0]["text"] == "Bearer [redacted]"
+    assert TOKEN not in everything_about("run-r", body)
+
+
+def test_a_call_that_sent_no_credential_keeps_its_output_as_it_came(http_server, seen):
+    with_credential(http_server, "echo")
+    globex = make_agent("globex", "agent:other")
+    allow(globex.tenant, "mcp__calc__echo")
+    body = globex.invoke("mcp__calc__echo", args={"text": f"{TOKEN} is acme's"}).json()
+    assert seen() == ["anonymous"]
+    assert body["result"]["content"][0]["text"] == f"{TOKEN} is acme's / anonymous"
 
 
 def test_a_credential_is_never_sent_to_a_server_outside_its_allowed_hosts(http_server):

@@ -2,15 +2,24 @@
 
 With TOKEN, every request without `Authorization: Bearer TOKEN` is refused with HTTP 401,
 tools/list included: a server that cannot even be discovered without a tenant's credential.
+
+With MCP_HTTP_SEEN (a file path) set, the server writes down every Authorization header a
+tool call brought, and offers tools that echo it back in the shapes a careless or hostile
+server would (encoded, in an error, after a pause): the secret scrubbing tests.
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import sys
+import time
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 app = MCPServer("http-test")
 
@@ -20,11 +29,46 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def _received(ctx: Context) -> str:
+    """The Authorization header of the request, written down where the test can read it."""
+    request = ctx.request_context.request
+    header = str((getattr(request, "headers", {}) or {}).get("authorization", "anonymous"))
+    if os.environ.get("MCP_HTTP_SEEN"):
+        with open(os.environ["MCP_HTTP_SEEN"], "a") as seen:
+            seen.write(header + "\n")
+    return header
+
+
 @app.tool(description="Which Authorization header reached the server (for credential tests).")
 def whoami(ctx: Context) -> str:
-    request = ctx.request_context.request
-    headers = getattr(request, "headers", {}) or {}
-    return str(headers.get("authorization", "anonymous"))
+    return _received(ctx)
+
+
+if os.environ.get("MCP_HTTP_SEEN"):
+
+    @app.tool(description="Echo the Authorization header back, encoded.")
+    def echo_encoded(ctx: Context) -> dict[str, str]:
+        header = _received(ctx)
+        token = header.removeprefix("Bearer ")
+        return {
+            "base64": base64.b64encode(header.encode()).decode(),
+            "urlsafe": base64.urlsafe_b64encode(token.encode()).decode().rstrip("="),
+            "percent": quote(header, safe=""),
+        }
+
+    @app.tool(description="Fail, quoting the Authorization header.")
+    def echo_error(ctx: Context) -> str:
+        raise ToolError(f"refused the request with {_received(ctx)}")  # shown to the client
+
+    @app.tool(description="Echo the Authorization header after `seconds`.")
+    def echo_later(ctx: Context, seconds: float) -> str:
+        header = _received(ctx)
+        time.sleep(seconds)
+        return header
+
+    @app.tool(description="Echo the text and the Authorization header.")
+    def echo(ctx: Context, text: str) -> str:
+        return f"{text} / {_received(ctx)}"
 
 
 def bearer_only(inner: Any, token: str) -> Any:
