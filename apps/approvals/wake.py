@@ -80,7 +80,8 @@ class Listener(threading.Thread):
             finally:
                 with contextlib.suppress(Exception):
                     # A pooled connection goes back to the pool: not still listening.
-                    db.connection.execute(f"UNLISTEN {CHANNEL}")
+                    raw = db.connection
+                    raw.execute(f"UNLISTEN {CHANNEL}")
                 with contextlib.suppress(Exception):
                     db.close()
 
