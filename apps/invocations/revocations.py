@@ -56,6 +56,21 @@ def push_revocation(sender: Any, key: ApiKey, **kwargs: Any) -> None:
         logger.exception("could not push the revocation of API key %s", key.pk)
 
 
+class _Rechecked(Protocol):
+    async def recheck(self) -> None: ...
+
+
+async def _recheck_every(watch: _Rechecked) -> None:
+    """The safety net of both watches: re-read what their streams depend on every
+    RECHECK_S seconds, whatever pushes were lost."""
+    while True:
+        await asyncio.sleep(RECHECK_S)
+        try:
+            await watch.recheck()
+        except Exception:
+            logger.exception("could not re-check the access of open streams")
+
+
 class KeyWatch:
     """This event loop's streams by the API key that opened them."""
 
@@ -68,7 +83,7 @@ class KeyWatch:
     async def watch(self, key_id: int, stream: KeyStream) -> None:
         self.streams.setdefault(key_id, {})[stream] = None
         if self.rechecking is None:
-            self.rechecking = asyncio.ensure_future(self._recheck_every())
+            self.rechecking = asyncio.ensure_future(_recheck_every(self))
         async with self.lock:
             if not self.listening and self.streams:
                 layer = get_channel_layer()
@@ -110,14 +125,6 @@ class KeyWatch:
             for key_id in ids:
                 if key_id not in active:
                     await self._end(key_id)
-
-    async def _recheck_every(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_S)
-            try:
-                await self.recheck()
-            except Exception:
-                logger.exception("could not re-check the API keys of open streams")
 
     async def _end(self, key_id: int) -> None:
         for stream in tuple(self.streams.get(key_id, {})):
@@ -188,7 +195,7 @@ class SessionWatch:
     def watch(self, access: StaffAccess, stream: StaffStream) -> None:
         self.streams[stream] = access
         if self.rechecking is None:
-            self.rechecking = asyncio.ensure_future(self._recheck_every())
+            self.rechecking = asyncio.ensure_future(_recheck_every(self))
 
     def unwatch(self, stream: StaffStream) -> None:
         self.streams.pop(stream, None)
@@ -208,14 +215,6 @@ class SessionWatch:
                     await stream.access_revoked()
                 except Exception:
                     logger.exception("could not close a stream of user %s", access.user_id)
-
-    async def _recheck_every(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_S)
-            try:
-                await self.recheck()
-            except Exception:
-                logger.exception("could not re-check the sessions of open streams")
 
 
 @database_sync_to_async
