@@ -110,17 +110,20 @@ def run_approved_calls(
 
 
 def _claimer(approval: ApprovalRequest) -> Callable[[], bool]:
-    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.approvals.models import ApprovalStatus
+    from apps.invocations import statements
 
     def claim() -> bool:
         """approved -> executing, in the transaction that records the call's start: of
         two workers holding entries for one call, exactly one gets it; a cancel that
         came first wins."""
-        approval.claimed_at = timezone.now()
-        claimed = ApprovalRequest.objects.filter(
-            pk=approval.pk, status=ApprovalStatus.APPROVED
-        ).update(status=ApprovalStatus.EXECUTING, claimed_at=approval.claimed_at)
-        return claimed == 1
+        approval.status, approval.claimed_at = ApprovalStatus.EXECUTING, timezone.now()
+        claimed = statements.update(  # a statement built once (issue 13)
+            approval, ("status", "claimed_at"), only_if={"status": ApprovalStatus.APPROVED}
+        )
+        if not claimed:
+            approval.status = ApprovalStatus.APPROVED  # as far as this worker knows
+        return claimed
 
     return claim
 

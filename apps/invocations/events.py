@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
-from apps.invocations import inserts
+from apps.invocations import statements
 from apps.invocations.models import Run, RunEvent
 from apps.tenants.models import Tenant
 
@@ -132,7 +132,7 @@ def emit_many(tenant: Tenant, run_id: str, batch: list[Event]) -> list[EventMess
                     at=at,
                 )
             )
-        inserts.insert(rows)  # one statement, its text built once (issue 13)
+        statements.insert(rows)  # one statement, its text built once (issue 13)
         transaction.on_commit(lambda: _push_all(tenant.pk, run_id, messages))
     return messages
 

@@ -56,7 +56,7 @@ from apps.approvals.models import ApprovalRequest
 from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import events, inserts, ratelimit, signals
+from apps.invocations import events, ratelimit, signals, statements
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
@@ -678,6 +678,10 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
 # ---------------------------------------------------------------- steps 8-13
 
 
+# What the start of a held call, now approved, sets on its record.
+STARTING_FIELDS = ("status", "started_at", "args", "request_hash")
+
+
 def record_start(call: Call) -> InvocationRecord | None:
     """8. Write the record (claiming the idempotency key) and emit tool_call_start.
 
@@ -693,7 +697,7 @@ def record_start(call: Call) -> InvocationRecord | None:
         # A running record always has its start event. Inside resume's transaction (the
         # claim's) no savepoint of its own: a failure rolls the claim back with it.
         with transaction.atomic(savepoint=False):
-            call.record.save(update_fields=["status", "started_at", "args", "request_hash"])
+            statements.update(call.record, STARTING_FIELDS)
             _emit_start(call, now)
         return None
     try:
@@ -704,7 +708,7 @@ def record_start(call: Call) -> InvocationRecord | None:
                 status=Status.RUNNING,
                 started_at=now,
             )
-            inserts.insert([call.record])  # a claimed key fails it: IntegrityError
+            statements.insert([call.record])  # a claimed key fails it: IntegrityError
             _no_approval(call.record)
             _emit_start(call, now)
     except IntegrityError:
@@ -1024,9 +1028,9 @@ def _close_record(
         record.retry_after_ms = refusal.retry_after_ms
     with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
         if record._state.adding:  # built by _unsaved_record: written only now
-            inserts.insert([record])
+            statements.insert([record])
         else:  # the columns a call's end sets (issue 13: not an UPDATE of every column)
-            record.save(update_fields=CLOSING_FIELDS)
+            statements.update(record, CLOSING_FIELDS)
         # A record written only now (`start` given) has its start event written with it.
         starting = [_start_event(start, at or record.started_at)] if start is not None else []
         events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])

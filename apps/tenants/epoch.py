@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from django.apps import apps
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 T = TypeVar("T")
@@ -43,10 +43,31 @@ def _new_value() -> int:
     return secrets.randbits(62)
 
 
+_select: dict[str, str] = {}  # the read's SQL per database alias, built once
+
+
+def _read_value(using: str = "default") -> int | None:
+    """One SELECT whose text is built once: every request and every queued call reads the
+    epoch, and compiling the ORM's query each time was a measurable part of it (issue 13)."""
+    connection = connections[using]
+    sql = _select.get(using)
+    if sql is None:
+        model = apps.get_model("tenants", "AuthzEpoch")
+        quote = connection.ops.quote_name
+        sql = _select[using] = (
+            f"SELECT {quote('value')} FROM {quote(model._meta.db_table)} "  # noqa: S608
+            f"WHERE {quote('id')} = %s"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ROW])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
 def read() -> int:
     """The epoch now (one query); creates the row if a flush or a fresh database lost it."""
     model = apps.get_model("tenants", "AuthzEpoch")
-    value = model.objects.filter(pk=ROW).values_list("value", flat=True).first()
+    value = _read_value()
     if value is None:
         try:
             with transaction.atomic():

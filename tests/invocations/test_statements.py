@@ -1,4 +1,4 @@
-"""apps.invocations.inserts writes exactly the row Django's own INSERT writes (issue 13:
+"""apps.invocations.statements writes exactly the row Django's own INSERT writes (issue 13:
 the call path's record and events skip Django's per-call statement compilation)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from apps.invocations import inserts
+from apps.invocations import statements
 from apps.invocations.models import ErrorCode, InvocationRecord, RunEvent, Status
 from apps.tools.models import Tool
 from tests.conftest import Agent
@@ -55,7 +55,7 @@ def test_an_inserted_record_reads_back_as_djangos_save_writes_it(agent: Agent) -
     by_django, by_insert = record(agent), record(agent)
     by_django.save(force_insert=True)
     with CaptureQueriesContext(connection) as queries:
-        inserts.insert([by_insert])
+        statements.insert([by_insert])
     assert len(queries.captured_queries) == 1
     assert by_insert._state.adding is False and by_insert._state.db == "default"
     assert stored(by_insert) == stored(by_django)
@@ -78,7 +78,7 @@ def test_several_events_go_in_one_statement_in_order(agent: Agent) -> None:
         for seq in (1, 2, 3)
     ]
     with CaptureQueriesContext(connection) as queries:
-        inserts.insert(rows)
+        statements.insert(rows)
     assert len(queries.captured_queries) == 1
     found = list(RunEvent.objects.filter(run_id="run-inserts").order_by("seq"))
     assert [(e.seq, e.message, e.at.second) for e in found] == [
@@ -91,7 +91,7 @@ def test_several_events_go_in_one_statement_in_order(agent: Agent) -> None:
 def test_a_value_that_is_an_expression_goes_through_django(agent: Agent) -> None:
     row = record(agent, cancel_requested=False)
     row.ended_at = Now()
-    inserts.insert([row])  # Django's bulk_create compiles the expression
+    statements.insert([row])  # Django's bulk_create compiles the expression
     assert InvocationRecord.objects.get(pk=row.pk).ended_at is not None
 
 
@@ -99,8 +99,71 @@ def test_a_duplicate_key_fails_like_djangos_insert(agent: Agent) -> None:
     from django.db import IntegrityError, transaction
 
     first = record(agent)
-    inserts.insert([first])
+    statements.insert([first])
     again = record(agent)
     again.pk = first.pk
     with pytest.raises(IntegrityError), transaction.atomic():
-        inserts.insert([again])
+        statements.insert([again])
+
+
+def test_an_updated_record_reads_back_as_djangos_save_with_update_fields_writes_it(
+    agent: Agent,
+) -> None:
+    from apps.invocations.runner import CLOSING_FIELDS
+
+    by_django, by_update = record(agent), record(agent)
+    for row in (by_django, by_update):
+        row.status, row.ok, row.result, row.ended_at = Status.RUNNING, None, None, None
+        statements.insert([row])
+        row.status, row.ok, row.error_code, row.safe_message = Status.SUCCEEDED, True, "", ""
+        row.result = {"answer": "é", "list": [1, None, {"x": 2.5}]}
+        row.ended_at = datetime(2026, 11, 23, 12, 0, 2, 654321, tzinfo=UTC)
+        row.duration_ms, row.retry_after_ms = 2531, None
+        row.args = {"changed": "only in Python"}  # not a closing field: stays as inserted
+    by_django.save(update_fields=CLOSING_FIELDS)
+    with CaptureQueriesContext(connection) as queries:
+        assert statements.update(by_update, CLOSING_FIELDS) is True
+    assert len(queries.captured_queries) == 1
+    assert queries.captured_queries[0]["sql"].startswith("UPDATE")
+    assert stored(by_update) == stored(by_django)
+    assert InvocationRecord.objects.get(pk=by_update.pk).args == {
+        "text": "é",
+        "nested": [1, {"deep": None}],
+    }
+
+
+def test_an_update_of_a_missing_row_fails_like_djangos_save(agent: Agent) -> None:
+    from django.db import DatabaseError
+
+    row = record(agent)
+    statements.insert([row])
+    InvocationRecord.objects.filter(pk=row.pk).delete()
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        statements.update(row, ("status",))
+
+
+def test_a_guarded_update_changes_the_row_only_while_it_holds_the_guarded_values(
+    agent: Agent,
+) -> None:
+    row = record(agent, cancel_requested=False)
+    row.status = Status.PENDING_APPROVAL
+    statements.insert([row])
+    row.status = Status.RUNNING
+    guard = {"status": Status.PENDING_APPROVAL}
+    assert statements.update(row, ("status",), only_if=guard) is True
+    assert InvocationRecord.objects.get(pk=row.pk).status == Status.RUNNING
+    row.status = Status.CANCELLED  # the guard no longer holds: nothing is written
+    assert statements.update(row, ("status",), only_if=guard) is False
+    assert InvocationRecord.objects.get(pk=row.pk).status == Status.RUNNING
+
+
+def test_an_expression_in_an_update_goes_through_django(agent: Agent) -> None:
+    row = record(agent)
+    statements.insert([row])
+    row.ended_at = Now()
+    assert statements.update(row, ("ended_at",)) is True
+    assert InvocationRecord.objects.get(pk=row.pk).ended_at.year >= 2026
+    row.ended_at = Now()
+    guard = {"status": Status.FAILED}
+    assert statements.update(row, ("ended_at",), only_if=guard) is True
+    assert statements.update(row, ("ended_at",), only_if={"status": Status.RUNNING}) is False

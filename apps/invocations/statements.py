@@ -1,0 +1,122 @@
+"""The call path's writes, with statements built once.
+
+Every call inserts its record and its events, and a call recorded before it ran (a side
+effect, an approved call) updates its record once or twice more. Django's `save()`,
+`bulk_create()` and `QuerySet.update()` compile their statement anew each time (quoting
+names, asking each field for a placeholder): a measurable part of a call (issue 13).
+`insert()` and `update()` build theirs once per model, database and shape, and ask each
+field for what Django itself would send (`pre_save`, then `get_db_prep_save`). They cover
+plain fields only: a field with a placeholder of its own, an expression as a value, or
+an auto-incremented key the caller needs back go through Django. They send no
+`pre_save`/`post_save` signals: use them only for models that have no receivers (the
+invocations app's records and events, an approval's claim).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError, connections, models
+
+_statements: dict[tuple[type[models.Model], str, int], str] = {}
+_updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], str] = {}
+
+
+def _columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    """The fields an INSERT writes: every concrete one but an auto-incremented key."""
+    return [
+        field
+        for field in model._meta.local_concrete_fields
+        if not (field.primary_key and getattr(field, "db_returning", False))
+    ]
+
+
+def _plain(fields: list[models.Field[Any, Any]]) -> bool:
+    return not any(getattr(field, "get_placeholder_sql", None) for field in fields)
+
+
+def insert(rows: list[Any], using: str = "default") -> None:
+    """INSERT these unsaved instances of one model in one statement."""
+    model = type(rows[0])
+    fields = _columns(model)
+    values = [field.pre_save(row, add=True) for row in rows for field in fields]
+    if not _plain(fields) or any(hasattr(value, "resolve_expression") for value in values):
+        model.objects.using(using).bulk_create(rows)  # Django compiles what this cannot
+        return
+    connection = connections[using]
+    key = (model, using, len(rows))
+    sql = _statements.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        sql = _statements[key] = (
+            f"INSERT INTO {quote(model._meta.db_table)} "  # noqa: S608 (names, not values)
+            f"({', '.join(quote(str(field.column)) for field in fields)}) "
+            f"VALUES {', '.join([row] * len(rows))}"
+        )
+    params = [
+        field.get_db_prep_save(value, connection=connection)
+        for value, field in zip(values, fields * len(rows), strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    for row in rows:
+        row._state.adding = False
+        row._state.db = using
+
+
+def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None = None) -> bool:
+    """UPDATE these fields of a saved row, found by its key, with its current values: what
+    `row.save(update_fields=fields)` writes. With `only_if` (field name -> value, each
+    compared with `=`) the row is updated only when it still holds those values, and the
+    answer says whether it did (a claim: approved -> executing). Without it a missing row
+    fails as Django's save does."""
+    model = type(row)
+    meta = model._meta
+    using = row._state.db or "default"
+    connection = connections[using]
+    targets = [meta.get_field(name) for name in fields]
+    values = [field.pre_save(row, add=False) for field in targets]
+    guards = [(meta.get_field(name), value) for name, value in (only_if or {}).items()]
+    if not _plain(targets) or any(hasattr(value, "resolve_expression") for value in values):
+        return _django_update(row, fields, only_if)
+    params = [
+        field.get_db_prep_save(value, connection=connection)
+        for field, value in zip(targets, values, strict=True)
+    ]
+    if any(hasattr(value, "as_sql") for value in params):
+        return _django_update(row, fields, only_if)
+    key = (model, using, fields, tuple(only_if or ()))
+    sql = _updates.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        where = [meta.pk, *(field for field, _ in guards)]
+        sql = _updates[key] = (
+            f"UPDATE {quote(meta.db_table)} SET "  # noqa: S608 (names, not values)
+            + ", ".join(f"{quote(str(field.column))} = %s" for field in targets)
+            + " WHERE "
+            + " AND ".join(f"{quote(str(field.column))} = %s" for field in where)
+        )
+    assert meta.pk is not None
+    params.append(meta.pk.get_db_prep_value(row.pk, connection=connection, prepared=False))
+    for field, value in guards:
+        params.append(field.get_db_prep_value(value, connection=connection, prepared=False))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        changed = cursor.rowcount
+    if not changed and only_if is None:
+        raise DatabaseError("Save with update_fields did not affect any rows.")
+    return bool(changed)
+
+
+def _django_update(row: Any, fields: tuple[str, ...], only_if: dict[str, Any] | None) -> bool:
+    if only_if is None:
+        row.save(update_fields=list(fields))
+        return True
+    changed = (
+        type(row)
+        ._base_manager.using(row._state.db or "default")
+        .filter(pk=row.pk, **only_if)
+        .update(**{name: getattr(row, name) for name in fields})
+    )
+    return bool(changed)
