@@ -87,23 +87,31 @@ def run_approved_calls(
 
         return on_linger if rest and hand_on is not None else None
 
-    for index, approval_id in enumerate(approval_ids):
-        if not go_on() or handed_on:
-            break
-        approval = approvals.get(approval_id)
-        if approval is None or approval.status != ApprovalStatus.APPROVED:
-            outcomes[approval_id] = approval.status if approval else "missing"
-            continue
-        record = runner.resume(
-            approval, _claimer(approval), on_linger=linger(approval_ids[index + 1 :])
-        )
-        if record is None:
-            approval.refresh_from_db(fields=["status"])
+    # Each call's end is written in the transaction that starts the next (runner.Closing).
+    closing = runner.Closing()
+    try:
+        for index, approval_id in enumerate(approval_ids):
+            if not go_on() or handed_on:
+                break
+            approval = approvals.get(approval_id)
+            if approval is None or approval.status != ApprovalStatus.APPROVED:
+                outcomes[approval_id] = approval.status if approval else "missing"
+                continue
+            record = runner.resume(
+                approval,
+                _claimer(approval),
+                on_linger=linger(approval_ids[index + 1 :]),
+                closing=closing,
+            )
+            if record is None:
+                approval.refresh_from_db(fields=["status"])
+                outcomes[approval_id] = str(approval.status)
+                continue
+            approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
             outcomes[approval_id] = str(approval.status)
-            continue
-        approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
-        outcomes[approval_id] = str(approval.status)
-        finished.setdefault(approval.status, []).append(approval_id)
+            finished.setdefault(approval.status, []).append(approval_id)
+    finally:
+        closing.flush()
     for status, ids in finished.items():
         ApprovalRequest.objects.filter(pk__in=ids).update(status=status)
     return outcomes

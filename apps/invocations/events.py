@@ -12,8 +12,12 @@ import hashlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal, NotRequired, TypedDict
 
 from asgiref.sync import async_to_sync
@@ -93,48 +97,101 @@ def emit(
     at: datetime | None = None,
     **fields: Any,
 ) -> EventMessage:
-    return emit_many(tenant, run_id, [Event(type, tool_call_id, tool_id, fields, at)])[0]
+    messages = emit_many(tenant, run_id, [Event(type, tool_call_id, tool_id, fields, at)])
+    if not messages:  # inside gathered(): numbered when the block ends
+        raise RuntimeError("emit() answers the event's message: call it outside gathered()")
+    return messages[0]
 
 
 def emit_many(tenant: Tenant, run_id: str, batch: list[Event]) -> list[EventMessage]:
     """Persist events of one run with consecutive numbers, and push them after commit.
 
     Several events (a quick call's start and result) take one number allocation and
-    one insert between them (issue 13)."""
+    one insert between them (issue 13). Inside `gathered()` the events are only noted
+    (and the answer is empty): the block writes them all when it ends."""
+    pending = _gathering.get()
+    if pending is not None:
+        pending.append((tenant, run_id, batch))
+        return []
+    return _write([(tenant, run_id, batch)])[0]
+
+
+# Events noted inside gathered(), per (tenant, run, events) in the order emitted.
+_gathering: ContextVar[list[tuple[Tenant, str, list[Event]]] | None] = ContextVar(
+    "toolhub_gathered_events", default=None
+)
+
+
+@contextmanager
+def gathered() -> Iterator[None]:
+    """The events emitted in this block, whatever their runs, are numbered with one upsert
+    and written with one insert when it ends without an error (a worker's transaction that
+    closes one call and starts the next: issue 13). Use it inside a transaction; each
+    run's events are pushed after commit in the order they were emitted."""
+    if _gathering.get() is not None:  # nested: the outer block writes them
+        yield
+        return
+    pending: list[tuple[Tenant, str, list[Event]]] = []
+    token = _gathering.set(pending)
+    try:
+        yield
+    finally:
+        _gathering.reset(token)
+    if pending:
+        _write(pending)
+
+
+def _write(batches: list[tuple[Tenant, str, list[Event]]]) -> list[list[EventMessage]]:
+    """Number, insert and (after commit) push each batch's events; their messages."""
     # Inside the caller's transaction (the runner's record and its event) no savepoint of
     # its own: an error rolls the whole transaction back anyway (issue 13: round trips).
     with transaction.atomic(savepoint=False):
-        first = Run.objects.next_seq(tenant, run_id, count=len(batch)) - len(batch) + 1
-        messages: list[EventMessage] = []
+        counts: dict[tuple[int, str], int] = {}
+        for tenant, run_id, batch in batches:
+            counts[(tenant.pk, run_id)] = counts.get((tenant.pk, run_id), 0) + len(batch)
+        if len(counts) == 1:
+            (((tenant_id, run_id), count),) = counts.items()
+            last = {(tenant_id, run_id): Run.objects.next_seq(batches[0][0], run_id, count)}
+        else:
+            last = Run.objects.next_seqs(counts)
+        following = {key: last[key] - count + 1 for key, count in counts.items()}
+        written: list[list[EventMessage]] = []
         rows = []
-        for seq, event in enumerate(batch, start=first):
-            at = event.at or timezone.now()
-            message: EventMessage = {
-                "v": EVENT_VERSION,
-                "seq": seq,
-                "type": event.type,
-                "runId": run_id,
-                "toolCallId": event.tool_call_id,
-                "toolId": event.tool_id,
-                "at": at.isoformat().replace("+00:00", "Z"),
-                **event.fields,  # type: ignore[typeddict-item]
-            }
-            messages.append(message)
-            rows.append(
-                RunEvent(
-                    tenant=tenant,
-                    run_id=run_id,
-                    seq=seq,
-                    type=event.type,
-                    tool_call_id=event.tool_call_id,
-                    tool_id=event.tool_id,
-                    message=message,
-                    at=at,
+        for tenant, run_id, batch in batches:
+            messages: list[EventMessage] = []
+            for event in batch:
+                seq = following[(tenant.pk, run_id)]
+                following[(tenant.pk, run_id)] = seq + 1
+                at = event.at or timezone.now()
+                message: EventMessage = {
+                    "v": EVENT_VERSION,
+                    "seq": seq,
+                    "type": event.type,
+                    "runId": run_id,
+                    "toolCallId": event.tool_call_id,
+                    "toolId": event.tool_id,
+                    "at": at.isoformat().replace("+00:00", "Z"),
+                    **event.fields,  # type: ignore[typeddict-item]
+                }
+                messages.append(message)
+                rows.append(
+                    RunEvent(
+                        tenant=tenant,
+                        run_id=run_id,
+                        seq=seq,
+                        type=event.type,
+                        tool_call_id=event.tool_call_id,
+                        tool_id=event.tool_id,
+                        message=message,
+                        at=at,
+                    )
                 )
-            )
+            written.append(messages)
         statements.insert(rows)  # one statement, its text built once (issue 13)
-        transaction.on_commit(lambda: _push_all(tenant.pk, run_id, messages))
-    return messages
+        for (tenant, run_id, _), messages in zip(batches, written, strict=True):
+            if messages:
+                transaction.on_commit(partial(_push_all, tenant.pk, run_id, messages))
+    return written
 
 
 # The event loop of the ASGI server in this process, remembered by every HTTP request

@@ -39,6 +39,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -118,6 +119,8 @@ class Call:
     # The scrubber of the secret the bound http capability sends (step 10b scrubs that
     # one, even if the secret is rotated while the tool runs).
     scrubber: Scrubber | None = field(default=None, repr=False)
+    # A worker's: the end of this call is written with the next call's start (Closing).
+    closing: Closing | None = field(default=None, repr=False)
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -357,10 +360,47 @@ def records_late(call: Call) -> bool:
     return call.tool.effect == Effect.READ_ONLY and call.request.idempotency_key is None
 
 
+class Closing:
+    """A worker's calls, one after another, each ended in the next one's transaction.
+
+    A call run by resume() with a Closing does not write its end (the record's closing
+    UPDATE and its tool_call_result) in a transaction of its own: it is written in the
+    transaction that records the next call's start, or by flush() when the batch ends, so
+    a queued call costs one transaction instead of two (issue 13, goal 6). The result is
+    released (pushed) only after that commit, as every result is; it waits for the next
+    call's re-checks, well under a millisecond. A worker that dies in between leaves the
+    record `executing`, as one dying while the tool runs does (settle_interrupted)."""
+
+    def __init__(self) -> None:
+        self._ends: list[Callable[[], None]] = []
+
+    def add(self, write_end: Callable[[], None]) -> None:
+        self._ends.append(write_end)
+
+    def write(self) -> None:
+        """Write the ends noted so far, in the caller's transaction; they are done once it
+        commits (on a rollback they stay, and the next write or flush writes them)."""
+        ends = list(self._ends)
+        for write_end in ends:
+            write_end()
+        if ends:
+            transaction.on_commit(lambda: self._done(ends))
+
+    def _done(self, ends: list[Callable[[], None]]) -> None:
+        self._ends = [end for end in self._ends if end not in ends]
+
+    def flush(self) -> None:
+        """Write what is left in a transaction of its own."""
+        if self._ends:
+            with transaction.atomic(), events.gathered():
+                self.write()
+
+
 def resume(
     approval: ApprovalRequest,
     claim: Callable[[], bool] | None = None,
     on_linger: Callable[[], None] | None = None,
+    closing: Closing | None = None,
 ) -> InvocationRecord | None:
     """Run an approved call: same checks again (the world may have changed while it
     waited), the approved args bound by hash, then steps 8-13 on its record.
@@ -368,7 +408,10 @@ def resume(
     `claim` (the worker's approved -> executing) runs in the transaction that records the
     start, or the refusal: one transaction fewer per call, and a claimed call has always
     started. When it fails (another worker has the call, or it was cancelled) nothing is
-    written and None is returned. `on_linger` is called if the tool runs past QUICK_S."""
+    written and None is returned. `on_linger` is called if the tool runs past QUICK_S.
+    With `closing`, the ends of earlier calls are written in the transaction that starts
+    this one (with their events, in one insert), and this call's end is left to the next
+    one (Closing)."""
     call = _call_for(approval, args=approval.args)
     call.on_linger = on_linger
     try:
@@ -376,12 +419,17 @@ def resume(
         if call.request_hash != approval.bound_hash:
             raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
     except Refusal as refusal:
-        with transaction.atomic():
+        with transaction.atomic(), events.gathered():
+            if closing is not None:
+                closing.write()
             return record_refusal(call, refusal) if claim is None or claim() else None
-    with transaction.atomic():
+    with transaction.atomic(), events.gathered():
+        if closing is not None:
+            closing.write()
         if claim is not None and not claim():
             return None
         record_start(call)
+    call.closing = closing
     return run_started(call)
 
 
@@ -977,7 +1025,9 @@ def _finish(
     call: Call, *, ok: bool, result: Any = None, refusal: Refusal | None = None
 ) -> InvocationRecord:
     if call.record is not None:
-        return _close_record(call.record, ok=ok, result=result, refusal=refusal)
+        return _close_record(
+            call.record, ok=ok, result=result, refusal=refusal, closing=call.closing
+        )
     assert call.started_at is not None  # a quick call that ended within QUICK_S
     record = _unsaved_record(call, call.started_at)
     return _close_record(
@@ -1012,9 +1062,11 @@ def _close_record(
     refusal: Refusal | None = None,
     start: Call | None = None,
     at: datetime | None = None,
+    closing: Closing | None = None,
 ) -> InvocationRecord:
     """Store the outcome and emit tool_call_result in one transaction: a final record
-    always has its result event, whatever kills the process (EVERY_RESULT_EMITTED)."""
+    always has its result event, whatever kills the process (EVERY_RESULT_EMITTED). With
+    `closing` (a worker's call) that transaction is the worker's next one."""
     assert record.started_at is not None
     record.ended_at = timezone.now()
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
@@ -1026,6 +1078,9 @@ def _close_record(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
+    if closing is not None and not record._state.adding and start is None:
+        closing.add(partial(_write_end, record))  # written with the worker's next start
+        return record
     with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
         if record._state.adding:  # built by _unsaved_record: written only now
             statements.insert([record])
@@ -1036,6 +1091,13 @@ def _close_record(
         events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])
     _log(record)
     return record
+
+
+def _write_end(record: InvocationRecord) -> None:
+    """A closed record's end and result event, in the caller's transaction (Closing)."""
+    statements.update(record, CLOSING_FIELDS)
+    events.emit_many(record.tenant, record.run_id, [_result_event(record)])
+    transaction.on_commit(lambda: _log(record))
 
 
 def emit_result(record: InvocationRecord) -> None:

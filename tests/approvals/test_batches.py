@@ -23,6 +23,7 @@ from tests.approvals.support import (
     TALLY,
     drain_queue,
     event_types,
+    events,
     hold,
     queue_entries,
     record_of,
@@ -255,3 +256,69 @@ def test_a_slow_call_hands_the_rest_of_its_batch_to_other_workers_at_once(
         (entry,) = queue_entries(approval)
         assert entry.status == "SUCCESSFUL"
     assert not DBTaskResult.objects.exclude(status="SUCCESSFUL").exists()
+
+
+def test_each_calls_end_is_written_in_the_transaction_that_starts_the_next(caller, operator, tally):
+    """Issue 13: a batch of N calls commits N + 1 times for its calls, not 2N; the events
+    of calls sharing a run keep their order (start, result, start, result)."""
+    held = [
+        hold(caller, TALLY, args=tally.args(token), runId="run-shared")[1]
+        for token in ("c0", "c1", "c2")
+    ]
+    drain_queue()
+    for approval in held:
+        decisions.decide(approval.pk, operator, "approve")
+    commits = []
+    original = connection.commit
+
+    def counted() -> None:
+        commits.append(1)
+        original()
+
+    connection.commit = counted
+    try:
+        outcomes = tasks.run_approved_calls([str(a.pk) for a in held])
+    finally:
+        del connection.commit
+    assert list(outcomes.values()) == ["succeeded"] * 3
+    # Three starts (the second and third with the end before them) and the last end.
+    assert len(commits) == 3 + 1, commits
+    seen = events(caller.tenant, "run-shared")
+    calls = [e for e in seen if e["type"] in ("tool_call_start", "tool_call_result")]
+    assert [e["type"] for e in calls] == ["tool_call_start", "tool_call_result"] * 3
+    assert [e["toolCallId"] for e in calls] == [a.tool_call_id for a in held for _ in range(2)]
+    numbers = [e["seq"] for e in seen]
+    assert numbers == sorted(numbers) == list(range(numbers[0], numbers[0] + len(numbers)))
+    for approval in held:
+        record = record_of(approval)
+        assert record.status == "succeeded" and record.ended_at is not None
+
+
+def test_a_call_whose_next_call_fails_to_start_still_has_its_end_written(
+    caller, operator, tally, monkeypatch
+):
+    """The end of call 1 rides on call 2's start transaction: when that transaction fails,
+    the end is not lost with it but written on its own before the error goes on."""
+    held = approved(caller, operator, tally, "f0", "f1")
+    real = tasks._claimer
+
+    def claimer(approval):
+        if approval.pk == held[1].pk:
+
+            def broken() -> bool:
+                raise RuntimeError("the database went away")
+
+            return broken
+        return real(approval)
+
+    monkeypatch.setattr(tasks, "_claimer", claimer)
+    with pytest.raises(RuntimeError, match="went away"):
+        tasks.run_approved_calls([str(a.pk) for a in held])
+
+    first = record_of(held[0])
+    assert first.status == "succeeded" and first.ended_at is not None
+    assert event_types(caller.tenant, "run-f0").count("tool_call_result") == 1
+    assert tally.count("f1") == 0
+    held[1].refresh_from_db()
+    assert held[1].status == ApprovalStatus.APPROVED  # rolled back: a later worker runs it
+    assert record_of(held[1]).ended_at is None
