@@ -15,7 +15,7 @@ from tests.conftest import Agent
 pytestmark = pytest.mark.django_db
 
 
-def event(kind: str, call: str) -> events.Event:
+def event(kind: events.EventType, call: str) -> events.Event:
     return events.Event(kind, call, "core__get_current_time", {"n": call})
 
 

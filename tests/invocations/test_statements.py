@@ -162,7 +162,8 @@ def test_an_expression_in_an_update_goes_through_django(agent: Agent) -> None:
     statements.insert([row])
     row.ended_at = Now()
     assert statements.update(row, ("ended_at",)) is True
-    assert InvocationRecord.objects.get(pk=row.pk).ended_at.year >= 2026
+    ended = InvocationRecord.objects.get(pk=row.pk).ended_at
+    assert ended is not None and ended.year >= 2026
     row.ended_at = Now()
     guard = {"status": Status.FAILED}
     assert statements.update(row, ("ended_at",), only_if=guard) is True
