@@ -17,6 +17,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from apps.connections.broker import sent_scrubber
+from apps.connections.scrubbing import Scrubber
 from apps.mcp.models import McpServer, McpTool, Transport, tool_hash
 from apps.mcp.sessions import Endpoint, RemoteError, ServerTimeout, ServerUnavailable, pool
 from apps.mcp.source import build_contract, endpoint_for, short_description
@@ -108,8 +110,14 @@ def sync_server(
     credential_tenant = listing_tenant(server, tenant, progress)
     report.tenant = credential_tenant.slug if credential_tenant is not None else ""
     progress(f"{server.name}: listing tools")
+    # The credential sent for the listing is noted (as a call's is) so that whatever the
+    # server answers is scrubbed of it before it becomes catalog text, which every
+    # tenant's users, the model, the admin and the logs read.
+    listing = _Listing()
+    scrubber: Scrubber | None = None
     try:
-        endpoint = endpoint_for(server, credential_tenant)
+        endpoint = endpoint_for(server, credential_tenant, call=listing)
+        scrubber = sent_scrubber(listing)
         listed = pool.list_tools(endpoint, timeout=server.timeout_ms / 1000)
     except (ServerUnavailable, ServerTimeout, RemoteError, ToolError) as exc:
         reason = (
@@ -117,10 +125,28 @@ def sync_server(
             if isinstance(exc, ServerTimeout)
             else getattr(exc, "safe_message", None) or str(exc)
         )
+        scrubber = scrubber or sent_scrubber(listing)
+        if scrubber is not None:
+            reason = scrubber.text(reason)
         server.last_error = f"listing failed: {reason}"[:2000]
         server.save(update_fields=["last_error"])
         raise SyncFailed(server.last_error) from None
-    declared = {tool.name: tool for tool in listed}
+    declared: dict[str, Any] = {}
+    for tool in listed:
+        if scrubber is not None:
+            if scrubber.text(tool.name) != tool.name:
+                report.errors.append(
+                    "a tool whose name contains the listing credential is not imported"
+                )
+                continue
+            if _keys_leak(scrubber, tool.input_schema):
+                report.errors.append(
+                    f"{tool.name[:80]!r} has a schema whose property names contain the "
+                    "listing credential; not imported"
+                )
+                continue
+            tool = _scrubbed(scrubber, tool)
+        declared[tool.name] = tool
     by_id: dict[str, list[str]] = {}
     for name in declared:
         tool_id = tool_id_for(server, name)
@@ -152,6 +178,39 @@ def sync_server(
     for error in report.errors:
         progress(f"{server.name}: error: {error}")
     return report
+
+
+class _Listing:
+    """Stands for the listing as a call's context does for a call: the key under which
+    endpoint_for notes the credential it sends (broker.note_sent)."""
+
+
+def _keys_leak(scrubber: Scrubber, value: Any) -> bool:
+    """Whether a property name (a dict key anywhere in a schema) contains the credential:
+    a key cannot be replaced without changing the tool's contract."""
+    if isinstance(value, dict):
+        return any(
+            (isinstance(key, str) and scrubber.text(key) != key) or _keys_leak(scrubber, item)
+            for key, item in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return any(_keys_leak(scrubber, item) for item in value)
+    return False
+
+
+def _scrubbed(scrubber: Scrubber, tool: Any) -> Any:
+    """The declared tool with the credential replaced in its description, its schema's
+    strings (titles, descriptions, defaults, enum values) and its annotations."""
+    changes: dict[str, Any] = {}
+    if tool.description:
+        changes["description"] = scrubber.text(tool.description)
+    if isinstance(tool.input_schema, dict):
+        changes["input_schema"] = scrubber.scrub(tool.input_schema)
+    if tool.annotations is not None:
+        changes["annotations"] = type(tool.annotations).model_validate(
+            scrubber.scrub(tool.annotations.model_dump(mode="json", by_alias=True))
+        )
+    return tool.model_copy(update=changes)
 
 
 def _import_one(

@@ -117,13 +117,14 @@ class McpSource:
 
 
 def endpoint_for(
-    server: McpServer, tenant: Tenant | None, call: ToolContext | None = None
+    server: McpServer, tenant: Tenant | None, call: ToolContext | object | None = None
 ) -> Endpoint:
     """How to reach `server` for `tenant`: the command re-checked against the allowlist,
     an HTTP server's headers from the tenant's credential connection (via the broker's
     header rules), never from arguments. For a `call`, the credential is noted as sent
     before it leaves (broker.note_sent): the runner scrubs it from the call's output and
-    error messages (step 10b), as it does a connection's. A stdio server gets no
+    error messages (step 10b), as it does a connection's; discovery passes its listing
+    instead, and scrubs what the server declares. A stdio server gets no
     credential: its argv only, and the SDK's default environment (PATH, HOME, ...)."""
     if server.transport == Transport.STDIO:
         try:

@@ -14,12 +14,14 @@ import base64
 import os
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
 
 app = MCPServer("http-test")
 
@@ -71,6 +73,47 @@ if os.environ.get("MCP_HTTP_SEEN"):
         return f"{text} / {_received(ctx)}"
 
 
+LEAKED_NOTE = ""
+
+
+def leak_into_listing(token: str) -> None:
+    """MCP_HTTP_LEAKY_LISTING: tools whose declarations carry the token the server
+    requires, as a careless or hostile server could echo it into its tools/list answer
+    (the discovery scrubbing tests). The tool named with the token is listed too."""
+    header = f"Bearer {token}"
+
+    @app.tool(description=f"Send {header} when calling.")
+    def leaky_description() -> str:
+        return "ok"
+
+    encoded = base64.b64encode(header.encode()).decode()
+
+    @app.tool(description=f"Encoded: {encoded}.")
+    def leaky_encoded() -> str:
+        return "ok"
+
+    global LEAKED_NOTE  # annotations are evaluated in the module's namespace
+    LEAKED_NOTE = f"defaults to {token}"
+
+    @app.tool(description="Its schema quotes the token.")
+    def leaky_schema(
+        note: Annotated[str, Field(description=LEAKED_NOTE)] = token,
+        mode: Literal["plain", "with-token"] = "plain",
+    ) -> str:
+        return note
+
+    @app.tool(name=f"tool_{token}", description="Named with the token.")
+    def leaky_name() -> str:
+        return "ok"
+
+    @app.tool(
+        description="Its annotations quote the token.",
+        annotations=ToolAnnotations(title=f"Title {token}", read_only_hint=True),
+    )
+    def leaky_title() -> str:
+        return "ok"
+
+
 def bearer_only(inner: Any, token: str) -> Any:
     """Plain ASGI: HTTP requests must carry the bearer token, or get 401."""
     expected = f"Bearer {token}".encode()
@@ -88,5 +131,8 @@ def bearer_only(inner: Any, token: str) -> Any:
 if __name__ == "__main__":
     asgi = app.streamable_http_app()
     if len(sys.argv) > 2:
+        if os.environ.get("MCP_HTTP_LEAKY_LISTING"):
+            leak_into_listing(sys.argv[2])
+            asgi = app.streamable_http_app()
         asgi = bearer_only(asgi, sys.argv[2])
     uvicorn.run(asgi, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
