@@ -21,7 +21,7 @@ from django.db.models import Q
 from django.urls import reverse
 
 from apps.connections import crypto
-from apps.connections.netguard import Blocked, NetworkPolicy, fetch
+from apps.connections.netguard import Blocked, BrokenResponse, NetworkPolicy, fetch
 from apps.tools.permissions import can_decide
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _webhook(approval: ApprovalRequest) -> int:
             body=body,
             timeout=5,
         )
-    except (Blocked, OSError) as exc:
+    except (Blocked, BrokenResponse, OSError) as exc:
         logger.warning("approval webhook for tenant %s failed: %s", tenant.slug, type(exc).__name__)
         return 0
     if response.status >= 300:

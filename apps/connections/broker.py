@@ -22,7 +22,14 @@ from typing import Any
 
 from apps.connections import crypto
 from apps.connections.models import SECRET_VALUE_FIELDS, Connection
-from apps.connections.netguard import Blocked, NetworkPolicy, Resolver, fetch, system_resolver
+from apps.connections.netguard import (
+    Blocked,
+    BrokenResponse,
+    NetworkPolicy,
+    Resolver,
+    fetch,
+    system_resolver,
+)
 from apps.connections.scrubbing import Scrubber, secret_forms
 from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
@@ -131,7 +138,7 @@ class HttpClient:
                 max_bytes=MAX_RESPONSE_BYTES,
                 pool_scope=self._pool_scope,
             )
-        except Blocked as exc:
+        except (Blocked, BrokenResponse) as exc:
             raise ToolError(str(exc)) from None
         except TimeoutError:
             raise ToolError("The remote server did not answer in time.") from None

@@ -70,6 +70,11 @@ class Blocked(Exception):
     """The request would reach a host or address the connection does not allow."""
 
 
+class BrokenResponse(Exception):
+    """The server's answer is not a whole HTTP response: not HTTP at all, or a body that
+    stopped before the length it announced (a chunked body cut short included)."""
+
+
 def system_resolver(host: str, port: int) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -317,20 +322,31 @@ def fetch(
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
-        connection, response = _exchange(
-            key, method, target, body, sent, timeout, POOL if pool_scope is not None else None
-        )
+        try:
+            connection, response = _exchange(
+                key, method, target, body, sent, timeout, POOL if pool_scope is not None else None
+            )
+        except http.client.HTTPException as exc:
+            if isinstance(exc, OSError):  # RemoteDisconnected: closed without an answer
+                raise
+            raise BrokenResponse("The remote server's answer is not valid HTTP.") from None
         reusable = False
         try:
             location = response.getheader("Location")
             if response.status in (301, 302, 303, 307, 308) and location:
-                response.read(max_bytes)
+                _read(response, max_bytes)
                 reusable = _finished(connection, response)
                 url = urljoin(url, location)
                 if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                     method, body = "GET", None
                 continue
-            data = response.read(max_bytes + 1)
+            data = _read(response, max_bytes + 1)
+            if len(data) <= max_bytes and response.length:
+                # http.client's read(amt) returns what came before the close, silently.
+                raise BrokenResponse(
+                    f"The remote server closed the connection after {len(data)} of the "
+                    f"{len(data) + response.length} bytes it announced."
+                )
             reusable = _finished(connection, response)
             return Response(
                 status=response.status,
@@ -391,6 +407,18 @@ def _send(
 ) -> http.client.HTTPResponse:
     connection.request(method, target, body=body, headers=dict(headers))
     return connection.getresponse()
+
+
+def _read(response: http.client.HTTPResponse, amount: int) -> bytes:
+    try:
+        return response.read(amount)
+    except http.client.IncompleteRead as exc:  # a chunked body cut short
+        raise BrokenResponse(
+            f"The remote server closed the connection after {len(exc.partial)} bytes, "
+            "in the middle of its answer."
+        ) from None
+    except http.client.HTTPException:
+        raise BrokenResponse("The remote server's answer is not valid HTTP.") from None
 
 
 def _finished(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> bool:

@@ -17,6 +17,7 @@ from guardian.shortcuts import assign_perm
 
 from apps.approvals import notify
 from tests.approvals.support import CONFIRM, ECHO, drain_queue, hold, make_operator
+from tests.connections import local_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -187,6 +188,25 @@ def test_a_webhook_to_the_metadata_address_is_refused_and_logged(
     assert attempts == []
     assert any(
         "approval webhook for tenant acme failed: Blocked" in record.getMessage()
+        for record in caplog.records
+    ), caplog.text
+    assert len(mailoutbox) == 1  # the email still goes out
+
+
+@pytest.mark.parametrize("path", ["/short", "/not-http"])
+def test_a_webhook_that_answers_a_broken_response_is_logged_as_failed(
+    caller, caplog, mailoutbox, path
+):
+    make_operator("dora", caller.tenant)
+    with local_server() as server:
+        caller.tenant.approval_webhook_url = f"{server.base}{path}"
+        caller.tenant.save()
+        hold(caller, CONFIRM)
+        with caplog.at_level(logging.WARNING, logger="apps.approvals.notify"):
+            drain_queue()
+        assert [seen.method for seen in server.seen] == ["POST"]
+    assert any(
+        "approval webhook for tenant acme failed: BrokenResponse" in record.getMessage()
         for record in caplog.records
     ), caplog.text
     assert len(mailoutbox) == 1  # the email still goes out

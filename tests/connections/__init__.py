@@ -65,6 +65,14 @@ def usable(connection: Connection, principal: str = "agent:test", **fields: Any)
 # ---------------------------------------------------------------- a real HTTP server
 
 
+# Answers that stop short of a whole HTTP response (the server closes after them).
+BROKEN = {
+    "/short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10,
+    "/chunked-cut": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    "/not-http": b"hello, this is not HTTP\r\n\r\n",
+}
+
+
 @dataclass
 class Seen:
     method: str
@@ -103,6 +111,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"x" * 10)
             self.wfile.flush()
             time.sleep(1.5)
+            self.close_connection = True
+            return
+        if parts.path in BROKEN:  # raw bytes that are not a whole response, then a close
+            self.wfile.write(BROKEN[parts.path])
+            self.wfile.flush()
             self.close_connection = True
             return
         if parts.path == "/big":  # size=N bytes of body, more than a result keeps

@@ -277,6 +277,33 @@ def test_a_closed_port_is_an_execution_error_without_details(caller):
     assert "Traceback" not in message
 
 
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/short", "closed the connection after 10 of the 100 bytes it announced"),
+        ("/chunked-cut", "closed the connection after 5 bytes, in the middle of its answer"),
+        ("/not-http", "answer is not valid HTTP"),
+    ],
+)
+def test_an_answer_cut_short_or_not_http_is_an_execution_error_not_a_result(caller, path, said):
+    # http.client hands back the bytes that came before the close as if they were the body.
+    with local_server(keep_alive=True) as server:
+        connection_id = connect(caller)
+        response = fetch(caller, connection_id, f"{server.base}{path}")
+        refused(response, said)
+        assert record_of(response).result is None
+        # The socket is not kept: the next call opens a new one and gets its answer.
+        assert ok_result(fetch(caller, connection_id, f"{server.base}/ok"))["status"] == 200
+        broken, after = server.seen
+        assert broken.peer != after.peer
+
+
+def test_a_short_body_behind_a_redirect_is_still_refused(caller, server):
+    connection_id = connect(caller)
+    response = fetch(caller, connection_id, f"{server.base}/redirect?to=/short")
+    refused(response, "after 10 of the 100 bytes")
+
+
 # ---------------------------------------------------------------- netguard, unit by unit
 
 
