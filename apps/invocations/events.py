@@ -24,8 +24,11 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from apps.invocations import statements
+from apps.invocations.fanout import CATCH_UP_TYPE
 from apps.invocations.models import Run, RunEvent
 from apps.tenants.models import Tenant
 
@@ -208,6 +211,17 @@ def remember_server_loop() -> None:
 
 OUTBOX_LIMIT = 10_000  # pushes waiting for the layer; past it they are dropped (and logged)
 SEND_TIMEOUT_S = 5.0  # one send; a layer slower than this is treated as failing
+# After a send failed, the next attempt waits this long, doubling up to RETRY_MAX_S.
+RETRY_MIN_S, RETRY_MAX_S = 0.25, 2.0
+# The message that tells a group's feeds their subscribers may have missed pushes
+# (apps/invocations/fanout.py): each re-reads what it can from the database.
+CATCH_UP = {"type": CATCH_UP_TYPE}
+
+
+def _layer_down(error: BaseException) -> bool:
+    """A failure of the layer itself (Redis unreachable, restarting, too slow), which a
+    later attempt may not meet; anything else is a bad message, sent again in vain."""
+    return isinstance(error, OSError | RedisConnectionError | RedisTimeoutError)
 
 
 class Outbox:
@@ -218,14 +232,19 @@ class Outbox:
     sends is the order of commits in this process, which a subscriber's sequence check
     relies on. A send that fails or takes over SEND_TIMEOUT_S drops the sends waiting
     behind it, and a queue past OUTBOX_LIMIT drops new ones: the events are in the
-    database, and subscribers re-read it when they see the gap, or on reconnect.
+    database. A subscriber sees the gap at the group's next event, but a run's last
+    events have none after them, so every group whose pushes were lost is remembered
+    and sent CATCH_UP, retried until the layer takes it: its feeds, in every process,
+    then have their subscribers re-read the database.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.pending: deque[tuple[Any, str, dict[str, Any]]] = deque()
+        self.missed: dict[str, Any] = {}  # group -> layer: owed a CATCH_UP
         self.sender: asyncio.Task[None] | None = None
         self.dropped = 0
+        self.retry_s = RETRY_MIN_S
 
     def hand(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
         """From any thread: queue the send on the loop, without waiting for it."""
@@ -237,38 +256,77 @@ class Outbox:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.error("channel layer push backlog full: %s pushes dropped", self.dropped)
+            self._owe(layer, group)
             return
         self.pending.append((layer, group, envelope))
+        self._start()
+
+    def _start(self) -> None:
         if self.sender is None or self.sender.done():
             self.sender = self.loop.create_task(self._send_all())
 
+    def _owe(self, layer: Any, group: str) -> None:
+        if group in self.missed or len(self.missed) < OUTBOX_LIMIT:
+            self.missed[group] = layer
+        else:
+            logger.error("channel layer failing: %s may wait for its next event", group)
+
     async def _send_all(self) -> None:
-        while self.pending:
-            layer, group, envelope = self.pending.popleft()
-            try:
-                await asyncio.wait_for(layer.group_send(group, envelope), SEND_TIMEOUT_S)
-            except Exception:
-                # The event is already persisted: a subscriber that missed the push
-                # catches up from the database (gap, or reconnect with ?after=). A layer
-                # that fails or hangs (Redis restarting) would hold every later push
-                # behind this one, so the waiting ones are dropped too: the feeds re-read
-                # the database once the layer answers again.
+        while self.pending or self.missed:
+            if self.pending:
+                layer, group, envelope = self.pending.popleft()
+                error = await self._send(layer, group, envelope)
+                if error is None:
+                    continue
                 event: dict[str, Any] = envelope.get("event") or next(
                     iter(envelope.get("events", [])), {}
                 )
-                logger.exception(
-                    "could not push event %s#%s to the channel layer",
+                logger.error(
+                    "could not push event %s#%s to the channel layer: %s",
                     event.get("runId"),
                     event.get("seq"),
+                    type(error).__name__,
+                    exc_info=error,
                 )
+                if not _layer_down(error):
+                    continue  # this message is at fault, not the layer: the next ones go
+                # A layer that fails or hangs (Redis restarting) would hold every later
+                # push behind this one: the waiting ones are dropped, and their groups
+                # are owed a catch-up once the layer answers again.
+                self._owe(layer, group)
                 if self.pending:
                     logger.error(
-                        "channel layer failing: %s waiting pushes dropped (streams catch up "
-                        "from the database)",
+                        "channel layer failing: %s waiting pushes dropped (their streams "
+                        "catch up from the database once it answers)",
                         len(self.pending),
                     )
                     self.dropped += len(self.pending)
+                    for waiting_layer, waiting_group, _ in self.pending:
+                        self._owe(waiting_layer, waiting_group)
                     self.pending.clear()
+                await self._back_off()
+                continue
+            group, layer = next(iter(self.missed.items()))
+            error = await self._send(layer, group, CATCH_UP)
+            if error is None:
+                del self.missed[group]
+            elif _layer_down(error):
+                await self._back_off()
+            else:
+                logger.error("could not send a catch-up to %s", group, exc_info=error)
+                del self.missed[group]
+
+    async def _send(self, layer: Any, group: str, message: dict[str, Any]) -> Exception | None:
+        try:
+            await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+        except Exception as error:
+            return error
+        self.retry_s = RETRY_MIN_S
+        return None
+
+    async def _back_off(self) -> None:
+        await asyncio.sleep(self.retry_s)
+        self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)
 
 
 _outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}

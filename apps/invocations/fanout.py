@@ -32,6 +32,9 @@ RETRY_S = 1.0
 # Other tasks on the loop (HTTP requests, handshakes) get a turn this often
 # while one event is handed to many subscribers.
 YIELD_EVERY = 200
+# A group message that carries no event: pushes to this group were lost (a sender's
+# layer failed), so every subscriber re-reads what it can (events.Outbox sends it).
+CATCH_UP_TYPE = "feed.catch_up"
 
 
 def encode(event: dict[str, Any]) -> str:
@@ -99,6 +102,9 @@ class Feed:
                 await asyncio.sleep(RETRY_S)
                 while not await self._join():
                     await asyncio.sleep(RETRY_S)
+                await self._each(lambda subscriber: subscriber.catch_up())
+                continue
+            if message.get("type") == CATCH_UP_TYPE:
                 await self._each(lambda subscriber: subscriber.catch_up())
                 continue
             event = message.get("event")

@@ -4,6 +4,8 @@ in the order they were handed (apps/invocations/events.py, Outbox; issue 13)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,8 +13,10 @@ from typing import Any
 
 import pytest
 from channels.layers import InMemoryChannelLayer
+from channels_redis.core import RedisChannelLayer
 
-from apps.invocations import events
+from apps.invocations import events, fanout
+from tests.support.redis import redis_server
 
 
 @pytest.fixture
@@ -96,11 +100,13 @@ def test_a_full_outbox_drops_and_says_so(
     assert not outbox.pending  # the waiting sends went once the layer answered
 
 
-def test_a_hanging_layer_drops_the_waiting_pushes_instead_of_holding_them(
+def test_a_hanging_layer_drops_the_waiting_pushes_and_owes_their_group_a_catch_up(
     server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture, monkeypatch: Any
 ) -> None:
-    """Redis restarting: a send that hangs must not hold every later event behind it."""
+    """Redis restarting: a send that hangs must not hold every later event behind it, and
+    the streams whose pushes were dropped are told to re-read once the layer answers."""
     monkeypatch.setattr(events, "SEND_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(events, "RETRY_MIN_S", 0.05)
     hang = True
 
     class Restarting(InMemoryChannelLayer):
@@ -117,8 +123,140 @@ def test_a_hanging_layer_drops_the_waiting_pushes_instead_of_holding_them(
         outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": seq}})
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), server_loop).result(5)
     assert not outbox.pending and outbox.dropped == 2
+    assert outbox.missed == {"g": layer}  # retried meanwhile, in vain
     assert "waiting pushes dropped" in caplog.text
-    hang = False  # the layer is back: the next event goes at once
+    hang = False  # the layer is back: the next event goes, then the catch-up
     outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 4}})
-    message = asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(5)
-    assert message["event"]["seq"] == 4
+
+    def receive() -> dict[str, Any]:
+        return asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(5)
+
+    assert receive()["event"]["seq"] == 4
+    assert receive() == {"type": fanout.CATCH_UP_TYPE}
+    assert not outbox.missed
+
+
+def test_a_message_the_layer_refuses_is_not_retried_and_owes_no_catch_up(
+    server_loop: asyncio.AbstractEventLoop,
+) -> None:
+    layer = InMemoryChannelLayer()
+    outbox = events.Outbox(server_loop)
+    outbox.hand(layer, "bad group name!", {"type": "run.event", "event": {"seq": 1}})
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), server_loop).result(5)
+    assert not outbox.pending and not outbox.missed and outbox.dropped == 0
+
+
+class CuttableProxy:
+    """A real TCP relay to Redis for one process's layer: `cut()` closes its sockets and
+    turns new ones away (that process alone loses Redis), `mend()` lets them through."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        self.cut_off = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut_off:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.cut_off = True
+        for sock in self.open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.open = []
+
+    def mend(self) -> None:
+        self.cut_off = False
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+class Recorder:
+    """A feed's subscriber that writes down what it is handed."""
+
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        self.seen.append(event["seq"])
+
+    async def catch_up(self) -> None:
+        self.seen.append("catch up")
+
+
+def test_pushes_lost_by_one_process_make_the_groups_feeds_elsewhere_catch_up(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    """The run's last events were committed by a process that could not reach Redis: no
+    later event will show the gap, so without a catch-up the stream would wait forever."""
+    monkeypatch.setattr(events, "RETRY_MIN_S", 0.05)
+
+    def on_loop(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, server_loop).result(10)
+
+    def wait_for(recorder: Recorder, count: int) -> list[object]:
+        deadline = time.monotonic() + 10
+        while len(recorder.seen) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return recorder.seen
+
+    with redis_server() as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        proxy = CuttableProxy(port)
+        try:
+            here = RedisChannelLayer(hosts=[{"address": url, "socket_timeout": None}])
+            there = RedisChannelLayer(
+                hosts=[{"address": f"redis://127.0.0.1:{proxy.port}/0", "socket_timeout": None}]
+            )
+            recorder = Recorder()
+
+            async def subscribe() -> None:
+                await fanout.feeds_for(here).subscribe(here, "run-g", recorder)
+
+            async def unsubscribe() -> None:
+                await fanout.feeds_for(here).unsubscribe("run-g", recorder)
+
+            on_loop(subscribe())
+            outbox = events.Outbox(server_loop)
+            outbox.hand(there, "run-g", {"type": "run.event", "event": {"seq": 1}})
+            assert wait_for(recorder, 1) == [1]
+
+            proxy.cut()
+            outbox.hand(there, "run-g", {"type": "run.event", "event": {"seq": 2}})
+            on_loop(asyncio.sleep(0.3))  # tried, and retried, in vain
+            assert recorder.seen == [1] and "run-g" in outbox.missed
+            proxy.mend()
+            assert wait_for(recorder, 2) == [1, "catch up"]
+            assert not outbox.missed
+            on_loop(unsubscribe())
+            on_loop(here.flush())
+            on_loop(there.close_pools())
+        finally:
+            proxy.close()
