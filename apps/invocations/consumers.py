@@ -135,10 +135,8 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             await key_watch().watch(self.api_key_id, self)
         elif access.staff_user_id is not None:
             self.staff_watched = True
-            session = self.scope.get("session")  # none: never re-checks as allowed
-            session_key = (session.session_key if session is not None else None) or ""
             session_watch().watch(
-                StaffAccess(access.staff_user_id, session_key, (self.tenant_id,)), self
+                StaffAccess(access.staff_user_id, access.session_key, (self.tenant_id,)), self
             )
 
     async def disconnect(self, code: int) -> None:

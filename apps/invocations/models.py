@@ -8,6 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.contrib.sessions.models import Session
 from django.db import connections, models
 from django.utils import timezone
 
@@ -272,6 +273,7 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
         user_id: int,
         run_id: str,
         api_key: ApiKey | None = None,
+        session_key: str = "",
     ) -> tuple[StreamTicket, str]:
         raw = secrets.token_urlsafe(32)
         ticket = self.create(
@@ -279,6 +281,7 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
             principal=principal,
             user_id=user_id,
             api_key=api_key,
+            session_key=session_key,
             run_id=run_id,
             token_hash=hashlib.sha256(raw.encode()).hexdigest(),
             expires_at=timezone.now() + STREAM_TICKET_TTL,
@@ -286,8 +289,9 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
         return ticket, raw
 
     def redeem(self, raw: str) -> StreamTicket | None:
-        """The ticket, marked used, if it was unused, unexpired and its key (if issued
-        under one) is not revoked; else None (single use)."""
+        """The ticket, marked used, if it was unused, unexpired, and its key (if issued
+        under one) is not revoked or its session (if issued under one) has not ended;
+        else None (single use)."""
         if not raw or len(raw) > 100:
             return None
         digest = hashlib.sha256(raw.encode()).hexdigest()
@@ -295,6 +299,14 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
         claimed = (
             self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now)
             .filter(models.Q(api_key=None) | models.Q(api_key__revoked_at=None))
+            .filter(
+                models.Q(session_key="")
+                | models.Q(
+                    session_key__in=Session.objects.filter(expire_date__gt=now).values(
+                        "session_key"
+                    )
+                )
+            )
             .update(used_at=now)
         )
         return self.select_related("tenant").filter(token_hash=digest).first() if claimed else None
@@ -314,6 +326,9 @@ class StreamTicket(models.Model):
     api_key = models.ForeignKey(
         "tenants.ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
     )
+    # The staff session it was issued under (no key): its stream is re-checked against
+    # that session and user while open, like the session's own streams.
+    session_key = models.CharField(max_length=40, blank=True, default="")
     run_id = models.CharField(max_length=128)
     token_hash = models.CharField(max_length=64, unique=True)
     expires_at = models.DateTimeField()

@@ -62,8 +62,10 @@ class StreamAccess:
     # under): revoking it ends the stream (apps.invocations.revocations).
     api_key_id: int | None = None
     # The staff user of a session stream: its session and access are re-checked while it
-    # is open (apps.invocations.revocations.SessionWatch).
+    # is open (apps.invocations.revocations.SessionWatch), against this session: the
+    # handshake's, or the one a ticket was issued under.
     staff_user_id: int | None = None
+    session_key: str = ""
 
     @staticmethod
     def parse_after(scope: dict[str, Any]) -> int | None:
@@ -83,8 +85,14 @@ class StreamAccess:
         if scope.get("ticket_given"):
             if ticket is None or ticket.run_id != run_id:
                 return None
+            principal_key = f"{ticket.tenant_id}:{ticket.principal}"
+            if ticket.api_key_id is not None:
+                return cls(ticket.tenant_id, principal_key, ticket.api_key_id)
             return cls(
-                ticket.tenant_id, f"{ticket.tenant_id}:{ticket.principal}", ticket.api_key_id
+                ticket.tenant_id,
+                principal_key,
+                staff_user_id=ticket.user_id,
+                session_key=ticket.session_key,
             )
         key = scope.get("api_key")
         if scope.get("bearer_given"):
@@ -103,7 +111,13 @@ class StreamAccess:
         found = list(tenants.values_list("pk", flat=True)[:2])
         if len(found) != 1:
             return None
-        return cls(found[0], f"{found[0]}:user:{user.pk}", staff_user_id=user.pk)
+        session = scope.get("session")  # none: never re-checks as allowed
+        return cls(
+            found[0],
+            f"{found[0]}:user:{user.pk}",
+            staff_user_id=user.pk,
+            session_key=(session.session_key if session is not None else None) or "",
+        )
 
 
 class _Slot:

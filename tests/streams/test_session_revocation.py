@@ -161,3 +161,70 @@ async def test_an_operator_whose_decide_permission_is_revoked_stops_seeing_its_a
     await approval("later")
     assert await stream.receive_nothing(timeout=0.5)
     await stream.disconnect()
+
+
+def staff_ticket(user: User, run_id: str) -> str:
+    """A ticket the user's browser session asks for (POST /api/v1/stream-tickets/)."""
+    client = Client()
+    client.force_login(user)
+    response = client.post(
+        "/api/v1/stream-tickets/", {"runId": run_id}, content_type="application/json"
+    )
+    assert response.status_code == 201, response.content
+    return str(response.json()["ticket"])
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda loss: loss.__name__)
+async def test_a_stream_opened_with_a_staff_sessions_ticket_ends_when_the_session_loses_access(
+    acme, test_tools, loss
+):
+    """A ticket carries no key for KeyWatch: the session it was issued under is watched."""
+    user, _ = await database_sync_to_async(staff)(acme, "ops")
+    other_user, _ = await database_sync_to_async(staff)(acme, "other-ops")
+    ticket = await database_sync_to_async(staff_ticket)(user, "ticket-run")
+    others = await database_sync_to_async(staff_ticket)(other_user, "ticket-run")
+    stream = await open_without_cookie(f"/ws/v1/runs/ticket-run/?ticket={ticket}")
+    other = await open_without_cookie(f"/ws/v1/runs/ticket-run/?ticket={others}")
+    assert await still_open(stream)  # re-checked, still allowed
+
+    await database_sync_to_async(loss)(user, acme)
+
+    assert await closed_with(stream) == 4403
+    assert await still_open(other)
+    await stream.disconnect()
+    await other.disconnect()
+    assert not session_watch().streams
+
+
+async def test_a_ticket_of_a_session_that_ended_before_the_handshake_opens_nothing(
+    acme, test_tools, monkeypatch
+):
+    monkeypatch.setattr(revocations, "RECHECK_S", 60.0)  # only the handshake can end it
+    user, _ = await database_sync_to_async(staff)(acme, "ops")
+    ticket = await database_sync_to_async(staff_ticket)(user, "ticket-run")
+    await database_sync_to_async(log_out)(user, acme)
+    stream = await open_without_cookie(f"/ws/v1/runs/ticket-run/?ticket={ticket}")
+    assert await closed_with(stream) == 4403
+    await stream.disconnect()
+    assert not session_watch().streams
+
+
+async def test_a_ticket_of_a_user_deactivated_before_the_handshake_ends_at_the_first_check(
+    acme, test_tools
+):
+    """What the handshake cannot see (a deactivated user) the first re-check ends."""
+    user, _ = await database_sync_to_async(staff)(acme, "ops")
+    ticket = await database_sync_to_async(staff_ticket)(user, "ticket-run")
+    await database_sync_to_async(deactivate)(user, acme)
+    stream = WebsocketCommunicator(application, f"/ws/v1/runs/ticket-run/?ticket={ticket}")
+    connected, _ = await stream.connect()
+    assert connected
+    assert await closed_with(stream) == 4403
+    await stream.disconnect()
+
+
+async def open_without_cookie(path: str) -> WebsocketCommunicator:
+    stream = WebsocketCommunicator(application, path)
+    connected, _ = await stream.connect()
+    assert connected
+    return stream

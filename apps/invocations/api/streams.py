@@ -34,8 +34,15 @@ class StreamTicketView(CallerView):
     def post(self, request: Request) -> Response:
         body = parse_body(request, TicketRequest)
         caller = self.caller(request)
+        # Issued under a staff session (no key): the stream is tied to that session.
+        session = getattr(request, "session", None) if caller.api_key is None else None
         ticket, raw = StreamTicket.objects.issue(
-            caller.tenant, caller.principal, caller.user.pk, body.runId, api_key=caller.api_key
+            caller.tenant,
+            caller.principal,
+            caller.user.pk,
+            body.runId,
+            api_key=caller.api_key,
+            session_key=(session.session_key if session is not None else None) or "",
         )
         return Response(
             {"ticket": raw, "expiresAt": ticket.expires_at.isoformat().replace("+00:00", "Z")},
