@@ -58,15 +58,25 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         )
         await self.accept()
         self.sender = asyncio.ensure_future(self._send_queued())
-        layer = get_channel_layer()
         tenant_ids = await self._tenant_ids(user)
         # Ends the stream (4403) once the session ends or the user loses access.
         session = self.scope.get("session")  # none: never re-checks as allowed
         session_key = (session.session_key if session is not None else None) or ""
-        session_watch().watch(StaffAccess(user.pk, session_key, tuple(tenant_ids)), self)
+        # A tenant created later (for a superuser), or joined later, is added within
+        # RECHECK_S (tenants_added).
+        session_watch().watch(
+            StaffAccess(user.pk, session_key, tuple(tenant_ids), follows_tenants=True), self
+        )
         self.watched = True
+        await self.tenants_added(tuple(tenant_ids))
+
+    async def tenants_added(self, tenant_ids: tuple[int, ...]) -> None:
+        """Listen to these tenants' approvals too (revocations.SessionWatch)."""
+        layer = get_channel_layer()
         for tenant_id in tenant_ids:
             group = tenant_group(tenant_id)
+            if self.sender is None or self.sender.done() or group in self.groups_joined:
+                continue  # closed meanwhile, or already listening
             try:
                 await feeds_for(layer).subscribe(layer, group, self)
             except Exception:

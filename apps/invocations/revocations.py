@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -172,11 +172,19 @@ class StaffAccess:
     user_id: int
     session_key: str
     tenant_ids: tuple[int, ...]
+    # The stream serves every tenant its user operates, not a fixed set: a tenant the
+    # user gains (a new tenant, for a superuser; a new membership) is added to it.
+    follows_tenants: bool = False
 
 
 class StaffStream(Protocol):
     async def access_revoked(self) -> None:
         """Close the stream (4403): its session or its user lost access."""
+
+
+class FollowingStream(StaffStream, Protocol):
+    async def tenants_added(self, tenant_ids: tuple[int, ...]) -> None:
+        """Serve these tenants too (asked of streams watched with `follows_tenants`)."""
 
 
 class SessionWatch:
@@ -185,7 +193,8 @@ class SessionWatch:
     A stream ends (4403) once its session is gone (logout, expiry, a password change,
     which Django's session hash ties the session to) or its user is deactivated, loses
     staff status, or leaves a tenant the stream serves: one query per kind of row per
-    process per interval, none per event.
+    process per interval, none per event. A stream that follows its user's tenants is
+    handed the tenants the user gained since (within RECHECK_S, as a loss is).
     """
 
     def __init__(self) -> None:
@@ -207,7 +216,7 @@ class SessionWatch:
         watched = dict(self.streams)
         if not watched:
             return
-        allowed = await _still_allowed(set(watched.values()))
+        allowed, operated = await _still_allowed(set(watched.values()))
         for stream, access in watched.items():
             if access not in allowed:
                 self.streams.pop(stream, None)
@@ -215,10 +224,21 @@ class SessionWatch:
                     await stream.access_revoked()
                 except Exception:
                     logger.exception("could not close a stream of user %s", access.user_id)
+                continue
+            gained = tuple(sorted(operated.get(access.user_id, set()) - set(access.tenant_ids)))
+            if not access.follows_tenants or not gained or self.streams.get(stream) != access:
+                continue
+            self.streams[stream] = replace(access, tenant_ids=access.tenant_ids + gained)
+            try:
+                await cast(FollowingStream, stream).tenants_added(gained)
+            except Exception:
+                logger.exception("could not add tenants to a stream of user %s", access.user_id)
 
 
 @database_sync_to_async
-def _still_allowed(accesses: set[StaffAccess]) -> set[StaffAccess]:
+def _still_allowed(accesses: set[StaffAccess]) -> tuple[set[StaffAccess], dict[int, set[int]]]:
+    """The accesses that still hold, and the tenants each following stream's user now
+    operates (every tenant, for a superuser)."""
     user_ids = {access.user_id for access in accesses}
     users = {
         user.pk: user
@@ -247,7 +267,17 @@ def _still_allowed(accesses: set[StaffAccess]) -> set[StaffAccess]:
             (tenant_id, user.pk) in memberships for tenant_id in access.tenant_ids
         ):
             allowed.add(access)
-    return allowed
+    followers = {access.user_id for access in allowed if access.follows_tenants}
+    operated: dict[int, set[int]] = {user_id: set() for user_id in followers}
+    for tenant_id, user_id in memberships:
+        if user_id in operated:
+            operated[user_id].add(tenant_id)
+    if any(users[user_id].is_superuser for user_id in followers):
+        every = set(Tenant.objects.values_list("pk", flat=True))
+        for user_id in followers:
+            if users[user_id].is_superuser:
+                operated[user_id] = every
+    return allowed, operated
 
 
 _session_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SessionWatch] = (

@@ -19,6 +19,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 from apps.invocations import revocations
 from apps.invocations.events import emit
 from apps.invocations.revocations import session_watch
+from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from toolhub.asgi import application
 
@@ -161,6 +162,57 @@ async def test_an_operator_whose_decide_permission_is_revoked_stops_seeing_its_a
     await approval("later")
     assert await stream.receive_nothing(timeout=0.5)
     await stream.disconnect()
+
+
+def approval_in(tenant: Tenant, call_id: str) -> None:
+    emit(
+        tenant,
+        "staff-approvals",
+        "approval_required",
+        tool_call_id=call_id,
+        tool_id="test__confirm",
+        approvalId=f"ap-{call_id}",
+    )
+
+
+async def test_a_superusers_approvals_stream_takes_in_a_tenant_created_after_it_opened(
+    acme, test_tools
+):
+    root = await database_sync_to_async(User.objects.create_superuser)(
+        "root", password="pw-for-tests-only"
+    )
+    client = Client()
+    await database_sync_to_async(client.force_login)(root)
+    stream = await open_with(
+        "/ws/v1/approvals/", client.cookies[settings.SESSION_COOKIE_NAME].value
+    )
+    newcomer = await database_sync_to_async(Tenant.objects.create)(slug="newcomer")
+    await asyncio.sleep(0.3)  # several re-checks (RECHECK_S is 0.05 s here)
+    await database_sync_to_async(approval_in)(newcomer, "in-the-new-tenant")
+    assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "in-the-new-tenant"
+    await database_sync_to_async(approval_in)(acme.tenant, "in-acme")
+    assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "in-acme"
+    await stream.disconnect()
+
+
+async def test_an_operators_approvals_stream_takes_in_a_tenant_they_join_while_it_is_open(
+    acme, globex, test_tools
+):
+    user, session_key = await database_sync_to_async(staff)(acme, "ops")
+    stream = await open_with("/ws/v1/approvals/", session_key)
+    await database_sync_to_async(approval_in)(globex.tenant, "before-joining")
+    assert await stream.receive_nothing(timeout=0.3)  # not theirs (yet)
+
+    await database_sync_to_async(globex.tenant.members.add)(user)
+    await asyncio.sleep(0.3)
+    await database_sync_to_async(approval_in)(globex.tenant, "after-joining")
+    assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "after-joining"
+    assert await stream.receive_nothing(timeout=0.2)  # each event once
+
+    await database_sync_to_async(globex.tenant.members.remove)(user)  # and leaving ends it
+    assert await closed_with(stream) == 4403
+    await stream.disconnect()
+    assert not session_watch().streams
 
 
 def staff_ticket(user: User, run_id: str) -> str:
