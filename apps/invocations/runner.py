@@ -1124,7 +1124,10 @@ def _result_event(record: InvocationRecord) -> events.Event:
 
 def _log(record: InvocationRecord) -> None:
     """One line per call. Argument shapes by default: values only when an operator opts in
-    (TOOLHUB_LOG_ARGUMENT_VALUES), and even then only the redacted ones."""
+    (TOOLHUB_LOG_ARGUMENT_VALUES), and even then only the redacted ones. Nothing is
+    encoded when the line would not be written (the benchmark runs at WARNING)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
     arguments = record.args if settings.TOOLHUB_LOG_ARGUMENT_VALUES else record.args_shape
     logger.info(
         "tool call %s tool=%s run=%s principal=%s status=%s error=%s duration_ms=%s args=%s",

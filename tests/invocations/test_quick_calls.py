@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from datetime import datetime
@@ -166,3 +167,33 @@ def test_a_quick_calls_two_events_reach_the_channel_layer_as_one_message(agent: 
         "tool_call_start",
         "tool_call_result",
     ]
+
+
+@pytest.mark.django_db
+def test_the_call_line_is_encoded_only_when_it_is_written(
+    agent: Agent, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allow(agent.tenant, "core__get_current_time")
+    encoded: list[object] = []
+    dumps = runner.json.dumps
+
+    def counting(value: object, **kwargs: object) -> str:
+        encoded.append(value)
+        return dumps(value, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner.json, "dumps", counting)
+
+    def encodes_per_two_calls(level: int, run_id: str) -> int:
+        caplog.clear()
+        with caplog.at_level(level, logger="apps.invocations.runner"):
+            agent.invoke("core__get_current_time", args={"timezone": "UTC"}, runId=run_id)
+            before = len(encoded)  # the run's first call does one-time work
+            for _ in range(2):
+                agent.invoke("core__get_current_time", args={"timezone": "UTC"}, runId=run_id)
+        return len(encoded) - before
+
+    quiet = encodes_per_two_calls(logging.WARNING, "run-quiet")
+    assert "tool call" not in caplog.text
+    told = encodes_per_two_calls(logging.INFO, "run-told")
+    assert "tool call" in caplog.text and "args=" in caplog.text
+    assert told == quiet + 2  # the line's arguments, and only when it was written
