@@ -19,6 +19,7 @@ from django.db import models
 from apps.policies import conditions
 from apps.tenants.epoch import EpochQuerySet
 from apps.tenants.models import Tenant, validate_principal
+from apps.tenants.scoping import belongs_to, tenant_group_name
 from apps.tools.models import Effect, Tool
 
 PATTERN_RE = re.compile(r"^[a-z0-9_*?-]{1,140}$")
@@ -126,6 +127,19 @@ class Policy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
+
+    def clean(self) -> None:
+        super().clean()
+        if self.group_id is None or self.tenant_id is None:
+            return
+        group, tenant = self.group, self.tenant
+        if group is not None and tenant is not None and not belongs_to(group, tenant):
+            raise ValidationError(
+                {
+                    "group": f"{group.name!r} is not a group of tenant {tenant.slug!r}: "
+                    f"pick one whose name starts with {tenant_group_name(tenant, '')!r}."
+                }
+            )
 
     @property
     def patterns(self) -> list[str]:

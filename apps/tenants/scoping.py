@@ -36,6 +36,11 @@ def tenant_group_name(tenant: Tenant, name: str) -> str:
     return f"{tenant.slug}{GROUP_SEPARATOR}{name}"
 
 
+def belongs_to(group: Group, tenant: Tenant) -> bool:
+    """Whether the group is one of the tenant's ("<slug>: ...")."""
+    return group.name.startswith(tenant_group_name(tenant, ""))
+
+
 def visible_groups(user: Any) -> QuerySet[Group]:
     """Groups named "<slug>: ..." for the staff member's tenants."""
     if is_superuser(user):

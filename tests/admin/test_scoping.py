@@ -189,3 +189,25 @@ def test_object_permission_pages_show_and_accept_only_own_users_and_groups(
         assert staff_client.get(page).status_code == 404
         staff_client.post(page, {"permissions": [p for p, _ in model._meta.permissions]})
         assert set(get_group_perms(group, own)) == held_by_groups[group.pk]
+
+
+def test_a_policy_cannot_apply_to_another_tenants_group(world: World, root_client: Client) -> None:
+    """A superuser sees every group: the policy's tenant, not the form, decides which fit."""
+    from django.contrib.auth.models import Group
+
+    from apps.policies.models import Policy
+
+    own = next(policy for policy in world.own[Policy] if policy.group is not None)
+    page = root_client.get(url(Policy, "change", own.pk))
+    data = form_data(page.content.decode(), Policy)
+    theirs = Group.objects.get(name="globex: agents")
+    response = root_client.post(
+        url(Policy, "change", own.pk), {**data, "group": [str(theirs.pk)], "_save": ["Save"]}
+    )
+    assert response.status_code == 200
+    assert "is not a group of tenant &#x27;acme&#x27;" in response.content.decode()
+    own.refresh_from_db()
+    assert own.group is not None and own.group.name == "acme: agents"
+    # The same form with the tenant's own group saves.
+    response = root_client.post(url(Policy, "change", own.pk), {**data, "_save": ["Save"]})
+    assert response.status_code == 302, response.content.decode()[:2000]
