@@ -6,9 +6,11 @@ task, so each session lives in a task of its own until it is closed. Django code
 (the runner's worker threads, sync commands) submits coroutines to that loop and
 waits with a deadline; a hanging server costs the caller its timeout, never more.
 
-A session that fails (process exited, connection refused, protocol garbage, a
-call that timed out) is dropped; the next call starts a fresh one: stdio processes
-are restarted, HTTP sessions re-initialised.
+A session that fails (process exited, connection refused, protocol garbage) is
+dropped; the next call starts a fresh one: stdio processes are restarted, HTTP
+sessions re-initialised. A call that times out (or is cancelled) fails alone: other
+calls may share its session, so the session is pinged, and dropped only if the server
+does not answer within PING_S (it hangs as a whole, not just that tool).
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ class RemoteError(Exception):
 
 
 class ServerTimeout(Exception):
-    """The server did not answer in time (the session is dropped)."""
+    """The server did not answer in time (the session is kept only if it answers a ping)."""
+
+
+# After a call timed out: how long the server has to answer a ping before its session
+# (and every call still waiting on it) is dropped.
+PING_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class Pool:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: dict[str, _Session] = {}
+        self._checks: set[asyncio.Task[None]] = set()  # pings after a timeout (kept alive)
         self.list_changed: Callable[[Endpoint], None] = lambda endpoint: None
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -213,7 +221,9 @@ class Pool:
             await live.close()
 
     async def _guarded(self, endpoint: Endpoint, action: Callable[[ClientSession], Any]) -> Any:
-        """`action` on a live session; any failure or cancellation drops the session."""
+        """`action` on a live session; a failure drops the session, a cancellation (a
+        timeout) only if the server does not answer a ping either."""
+        session: ClientSession | None = None
         try:
             session = await self._session(endpoint)
             return await action(session)
@@ -225,11 +235,37 @@ class Pool:
             await self._drop(endpoint)
             raise ServerUnavailable("the connection closed") from None
         except asyncio.CancelledError:
-            await self._drop(endpoint)  # a timed-out or cancelled call: start afresh
+            if session is None:
+                await self._drop(endpoint)  # it did not even start in time
+            else:
+                self._check_later(endpoint, session)
             raise
         except Exception as exc:
             await self._drop(endpoint)
             raise ServerUnavailable(_describe(exc)) from None
+
+    def _check_later(self, endpoint: Endpoint, session: ClientSession) -> None:
+        """After one call timed out: keep the session for the calls that share it if the
+        server still answers, else drop it (a hung server, or a stdio process stuck)."""
+        live = self._sessions.get(endpoint.key)
+        if live is None or not live.ready.done() or live.ready.cancelled():
+            return
+        if live.ready.exception() is not None:
+            return
+        if live.ready.result() is not session:
+            return  # already replaced
+
+        async def check() -> None:
+            try:
+                await asyncio.wait_for(session.send_ping(), PING_S)
+            except Exception:
+                if self._sessions.get(endpoint.key) is live:
+                    logger.info("MCP server %s did not answer a ping; restarting", endpoint.server)
+                    await self._drop(endpoint)
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
 
     def list_tools(self, endpoint: Endpoint, timeout: float) -> list[types.Tool]:
         async def listing(session: ClientSession) -> list[types.Tool]:
@@ -272,7 +308,7 @@ class Pool:
                 return future.result(timeout=0.1)
             except FutureTimeout:
                 if cancelled():
-                    future.cancel()  # the task is cancelled: the session is dropped
+                    future.cancel()  # the task is cancelled: the session is pinged
                     raise ServerTimeout from None
 
     async def _bounded(

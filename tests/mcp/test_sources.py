@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from apps.approvals.models import ApprovalRequest
 from apps.invocations.models import InvocationRecord, RunEvent
+from apps.mcp import sessions
 from apps.mcp.discovery import accept_change
 from apps.mcp.models import McpServer, McpTool
 from apps.tools.models import Tool
@@ -127,6 +130,38 @@ def test_a_hanging_tool_times_out_and_the_server_keeps_serving():
     assert body["errorCode"] == "timeout", body
     assert body["durationMs"] < 7000
     assert agent.invoke("mcp__bad__echo", args={"text": "hi"}).json()["ok"] is True
+
+
+def test_a_call_that_times_out_fails_alone_and_the_calls_sharing_its_session_go_on():
+    well()
+    agent = allowed_agent("nap", "pid")
+
+    def pid() -> int:
+        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
+
+    first = pid()
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 30}).json())
+        time.sleep(3)
+        # Still running when the slow call times out (at 5 s), on the same session.
+        meanwhile = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 3}).json())
+        assert slow.result(30)["errorCode"] == "timeout"
+        assert meanwhile.result(30)["ok"] is True, meanwhile.result()
+    assert pid() == first  # the server answered the ping: its session was kept
+
+
+def test_a_server_that_hangs_as_a_whole_is_restarted_after_a_call_times_out():
+    well()
+    agent = allowed_agent("freeze", "pid")
+
+    def pid() -> int:
+        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
+
+    first = pid()
+    body = agent.invoke("mcp__bad__freeze", args={"seconds": 60}).json()
+    assert body["errorCode"] == "timeout", body
+    time.sleep(sessions.PING_S + 0.5)  # the ping goes unanswered: the session is dropped
+    assert pid() != first
 
 
 def test_a_server_that_crashes_mid_call_is_unavailable_then_restarted():

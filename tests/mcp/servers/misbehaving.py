@@ -1,6 +1,6 @@
 """A stdio MCP server (official SDK) that misbehaves on purpose, chosen by argv[1].
 
-Modes: well (echo, nap, crash, huge, fail, pid, protocol_error); env (its environment's
+Modes: well (echo, nap, freeze, crash, huge, fail, pid, protocol_error); env (its environment's
 names); vanish (a tool removed between list and call); grow (a tool added later,
 announced by list_changed); hang_start (never initialises); names (ids outside the
 alphabet, and colliding); schemas (a union type, outside the subset); v1 / v2 (the same
@@ -29,6 +29,11 @@ if mode == "well":
     def nap(seconds: float) -> str:
         time.sleep(seconds)
         return "awake"
+
+    @app.tool(description="Block the whole server (its event loop) for that many seconds.")
+    async def freeze(seconds: float) -> str:
+        time.sleep(seconds)
+        return "thawed"
 
     @app.tool(description="Kill the server process in the middle of the call.")
     def crash() -> str:
