@@ -123,6 +123,11 @@ def allowed_agent(*names: str) -> Agent:
     return agent
 
 
+def pid_of(agent: Agent) -> int:
+    """The server's process id: whether calls shared one session (and process)."""
+    return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
+
+
 def test_a_hanging_tool_times_out_and_the_server_keeps_serving():
     well()
     agent = allowed_agent("nap", "echo")
@@ -136,10 +141,7 @@ def test_a_call_that_times_out_fails_alone_and_the_calls_sharing_its_session_go_
     well()
     agent = allowed_agent("nap", "pid")
 
-    def pid() -> int:
-        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
-
-    first = pid()
+    first = pid_of(agent)
     with ThreadPoolExecutor(2) as pool:
         slow = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 30}).json())
         time.sleep(3)
@@ -147,21 +149,18 @@ def test_a_call_that_times_out_fails_alone_and_the_calls_sharing_its_session_go_
         meanwhile = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 3}).json())
         assert slow.result(30)["errorCode"] == "timeout"
         assert meanwhile.result(30)["ok"] is True, meanwhile.result()
-    assert pid() == first  # the server answered the ping: its session was kept
+    assert pid_of(agent) == first  # the server answered the ping: its session was kept
 
 
 def test_a_server_that_hangs_as_a_whole_is_restarted_after_a_call_times_out():
     well()
     agent = allowed_agent("freeze", "pid")
 
-    def pid() -> int:
-        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
-
-    first = pid()
+    first = pid_of(agent)
     body = agent.invoke("mcp__bad__freeze", args={"seconds": 60}).json()
     assert body["errorCode"] == "timeout", body
     time.sleep(sessions.PING_S + 0.5)  # the ping goes unanswered: the session is dropped
-    assert pid() != first
+    assert pid_of(agent) != first
 
 
 def test_a_server_that_crashes_mid_call_is_unavailable_then_restarted():
@@ -176,13 +175,10 @@ def test_calls_share_one_pooled_process_and_a_crashed_one_is_replaced():
     well()
     agent = allowed_agent("pid", "crash")
 
-    def pid() -> int:
-        return int(agent.invoke("mcp__bad__pid").json()["result"]["content"][0]["text"])
-
-    first = pid()
-    assert pid() == first
+    first = pid_of(agent)
+    assert pid_of(agent) == first
     assert agent.invoke("mcp__bad__crash").json()["errorCode"] == "unavailable"
-    assert pid() != first
+    assert pid_of(agent) != first
 
 
 def test_a_json_rpc_error_fails_the_call_but_keeps_the_session():

@@ -120,7 +120,7 @@ async def test_a_staff_stream_ends_with_4403_when_its_user_loses_access(
     assert not session_watch().streams
 
 
-async def test_a_superuser_made_plain_staff_loses_the_tenants_it_is_not_a_member_of(acme):
+async def superuser_approvals_stream() -> tuple[User, WebsocketCommunicator]:
     root = await database_sync_to_async(User.objects.create_superuser)(
         "root", password="pw-for-tests-only"
     )
@@ -129,6 +129,11 @@ async def test_a_superuser_made_plain_staff_loses_the_tenants_it_is_not_a_member
     stream = await open_with(
         "/ws/v1/approvals/", client.cookies[settings.SESSION_COOKIE_NAME].value
     )
+    return root, stream
+
+
+async def test_a_superuser_made_plain_staff_loses_the_tenants_it_is_not_a_member_of(acme):
+    root, stream = await superuser_approvals_stream()
     assert await still_open(stream)
 
     root.is_superuser = False
@@ -178,14 +183,7 @@ def approval_in(tenant: Tenant, call_id: str) -> None:
 async def test_a_superusers_approvals_stream_takes_in_a_tenant_created_after_it_opened(
     acme, test_tools
 ):
-    root = await database_sync_to_async(User.objects.create_superuser)(
-        "root", password="pw-for-tests-only"
-    )
-    client = Client()
-    await database_sync_to_async(client.force_login)(root)
-    stream = await open_with(
-        "/ws/v1/approvals/", client.cookies[settings.SESSION_COOKIE_NAME].value
-    )
+    _, stream = await superuser_approvals_stream()
     newcomer = await database_sync_to_async(Tenant.objects.create)(slug="newcomer")
     await asyncio.sleep(0.3)  # several re-checks (RECHECK_S is 0.05 s here)
     await database_sync_to_async(approval_in)(newcomer, "in-the-new-tenant")
