@@ -151,12 +151,14 @@ def notify_pending(approval_id: str) -> int:
 
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
-    and settle calls whose worker died while running them."""
+    settle calls whose worker died while running them, and erase the session keys of
+    expired stream tickets."""
     from django.tasks import TaskResultStatus
     from django_tasks_db.models import DBTaskResult
 
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations.models import StreamTicket
 
     expired = sum(
         decisions.expire_if_overdue(pk)
@@ -192,6 +194,7 @@ def sweep() -> dict[str, int]:
     settled = settle_interrupted() + settle_abandoned_records()
     repair_missing_results()
     end_dead_entries()
+    StreamTicket.objects.forget_sessions()
     return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 

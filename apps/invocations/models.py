@@ -291,12 +291,14 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
     def redeem(self, raw: str) -> StreamTicket | None:
         """The ticket, marked used, if it was unused, unexpired, and its key (if issued
         under one) is not revoked or its session (if issued under one) has not ended;
-        else None (single use)."""
+        else None (single use). The session key it was issued under is handed back on the
+        ticket and erased from the row as it is spent: the open stream keeps it in memory,
+        and the table holds no second copy of a live session's key."""
         if not raw or len(raw) > 100:
             return None
         digest = hashlib.sha256(raw.encode()).hexdigest()
         now = timezone.now()
-        claimed = (
+        ticket = (
             self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now)
             .filter(models.Q(api_key=None) | models.Q(api_key__revoked_at=None))
             .filter(
@@ -307,9 +309,25 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
                     )
                 )
             )
-            .update(used_at=now)
+            .select_related("tenant")
+            .first()
         )
-        return self.select_related("tenant").filter(token_hash=digest).first() if claimed else None
+        if ticket is None:
+            return None
+        # The guard makes it single use: of two handshakes racing with one ticket, one wins.
+        if not self.filter(pk=ticket.pk, used_at__isnull=True).update(used_at=now, session_key=""):
+            return None
+        ticket.used_at = now
+        return ticket
+
+    def forget_sessions(self) -> int:
+        """Erase the session key of every ticket past its expiry (never redeemed): a
+        ticket that can no longer open a stream needs none. Run by the sweeper."""
+        return (
+            self.filter(expires_at__lte=timezone.now())
+            .exclude(session_key="")
+            .update(session_key="")
+        )
 
 
 STREAM_TICKET_TTL = timedelta(seconds=60)

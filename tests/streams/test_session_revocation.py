@@ -4,7 +4,9 @@ loses access (apps.invocations.revocations.SessionWatch), like a revoked key's s
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,12 +16,15 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 from django.test import Client
+from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
+from apps.approvals import tasks
 from apps.invocations import revocations
 from apps.invocations.events import emit
+from apps.invocations.models import StreamTicket
 from apps.invocations.revocations import session_watch
-from apps.tenants.models import Tenant
+from apps.tenants.models import ApiKey, Tenant
 from apps.tools.models import Tool
 from toolhub.asgi import application
 
@@ -278,3 +283,56 @@ async def open_without_cookie(path: str) -> WebsocketCommunicator:
     connected, _ = await stream.connect()
     assert connected
     return stream
+
+
+def ticket_row(raw: str) -> StreamTicket:
+    return StreamTicket.objects.get(token_hash=hashlib.sha256(raw.encode()).hexdigest())
+
+
+async def test_a_spent_ticket_keeps_no_copy_of_its_sessions_key_yet_its_stream_is_watched(
+    acme, test_tools
+):
+    """The row holds the session key only until the ticket is spent; the stream keeps
+    it in memory and still ends when the session does."""
+    user, _ = await database_sync_to_async(staff)(acme, "ops")
+    ticket = await database_sync_to_async(staff_ticket)(user, "ticket-run")
+    issued = await database_sync_to_async(ticket_row)(ticket)
+    assert issued.session_key and issued.used_at is None
+
+    stream = await open_without_cookie(f"/ws/v1/runs/ticket-run/?ticket={ticket}")
+    spent = await database_sync_to_async(ticket_row)(ticket)
+    assert spent.used_at is not None and spent.session_key == ""
+    assert await still_open(stream)
+
+    await database_sync_to_async(log_out)(user, acme)
+    assert await closed_with(stream) == 4403
+    await stream.disconnect()
+    again = await open_without_cookie(f"/ws/v1/runs/ticket-run/?ticket={ticket}")
+    assert await closed_with(again) == 4403  # still single use
+    await again.disconnect()
+
+
+def test_the_sweeper_erases_the_session_key_of_expired_tickets_only(acme, test_tools):
+    user, _ = staff(acme, "ops")
+    expired, fresh = staff_ticket(user, "run-a"), staff_ticket(user, "run-b")
+    StreamTicket.objects.filter(pk=ticket_row(expired).pk).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    key, _ = ApiKey.objects.issue(acme.tenant, "agent:other")
+    keyed = StreamTicket.objects.create(  # an API key's ticket has no session to erase
+        tenant=acme.tenant,
+        principal="agent:other",
+        user=user,
+        api_key=key,
+        run_id="run-c",
+        token_hash="c" * 64,
+        expires_at=timezone.now() - timedelta(seconds=1),
+    )
+
+    tasks.sweep()
+
+    assert ticket_row(expired).session_key == ""
+    assert ticket_row(fresh).session_key != ""  # still redeemable: keeps what it is checked by
+    keyed.refresh_from_db()
+    assert keyed.api_key_id == key.pk and keyed.used_at is None
+    assert StreamTicket.objects.forget_sessions() == 0  # nothing left to erase
