@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
@@ -68,6 +68,43 @@ def test_an_enqueue_wakes_the_worker_when_it_commits_not_before(caller, operator
         decisions.decide(approval.pk, operator, "approve")
         assert not wake.work_committed.is_set()
     assert wake.work_committed.is_set()
+
+
+def listening_backend() -> int | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query = %s AND pid <> pg_backend_pid()",
+            [f"LISTEN {wake.CHANNEL}"],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def test_the_listeners_connection_goes_back_to_the_pool_no_longer_listening():
+    """A pooled connection handed to a request must not carry the listener's LISTEN
+    (it would queue every enqueue's notification for a backend that never reads them)."""
+    if connection.vendor != "postgresql" or "pool" not in connection.settings_dict["OPTIONS"]:
+        pytest.skip("the listener runs on PostgreSQL: this runs in the PostgreSQL leg")
+    listener = wake.Listener()
+    listener.start()
+    deadline = time.monotonic() + 10
+    while (pid := listening_backend()) is None:
+        assert time.monotonic() < deadline, "the listener never listened"
+        time.sleep(0.05)
+    listener.stopped.set()
+    listener.join(timeout=10)
+    assert not listener.is_alive()
+
+    pool = connection.pool
+    taken = [pool.getconn() for _ in range(pool.get_stats()["pool_available"])]
+    try:
+        [reused] = [conn for conn in taken if conn.info.backend_pid == pid]
+        channels = reused.execute("SELECT pg_listening_channels()").fetchall()
+        assert channels == []
+    finally:
+        for conn in taken:
+            pool.putconn(conn)
 
 
 def test_a_worker_started_while_the_database_is_down_waits_and_retries(tmp_path):
