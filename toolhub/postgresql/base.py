@@ -7,6 +7,8 @@ keep failing: during an outage every request would take that long to get its 503
 the pool's last attempt failed (pool.reachability), a request connects directly first:
 refused, it fails now with PostgreSQL's own error (the outage middleware answers 503);
 accepted, the database is back and the request takes its connection from the pool.
+The first request of an outage finds an idle connection, broken: the pool's check
+(pool.check) then tries one direct connection and, refused, fails the request at once.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from django.db.backends.postgresql import base
 
-from toolhub.postgresql.pool import reachability
+from toolhub.postgresql.pool import Unreachable, reachability
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -25,4 +27,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             probe = self.Database.connect(**conn_params, connect_timeout=max(1, timeout))
             probe.close()
             reachability.note(reached=True)
-        return super().get_new_connection(conn_params)
+        try:
+            return super().get_new_connection(conn_params)
+        except Unreachable as unreachable:  # a pooled connection broke, and so do new ones
+            raise unreachable.error from None

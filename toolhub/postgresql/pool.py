@@ -59,15 +59,44 @@ class WatchedConnection(psycopg.Connection[Any]):
         return conn
 
 
+class Unreachable(BaseException):
+    """PostgreSQL refused a new connection right after a pooled one failed its check.
+
+    The pool's checkout loop retries any `Exception` until the pool timeout: the first
+    request of an outage would wait all of it for its 503. This is a `BaseException`
+    so that it leaves the loop at once; the backend (base.py) turns it back into the
+    `OperationalError` it carries, which Django and the outage middleware handle."""
+
+    def __init__(self, error: psycopg.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def check(conn: psycopg.Connection[Any]) -> None:
-    """The pool's checkout check: a broken connection is discarded, with its idle peers."""
+    """The pool's checkout check: a broken connection is discarded, with its idle peers,
+    and one direct connection tells a restart (accepted: the pool makes new ones) from
+    an outage (refused: `Unreachable`)."""
     try:
         ConnectionPool.check_connection(conn)
     except Exception:
         pool = getattr(conn, "_pool", None)  # set by the pool before it checks
         if isinstance(pool, ConnectionPool):
             pool.drain()
+            _probe(pool)
         raise
+
+
+def _probe(pool: ConnectionPool[Any]) -> None:
+    kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
+    conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
+    try:
+        probe = psycopg.connect(
+            conninfo, **{**kwargs, "connect_timeout": max(1, round(pool.timeout))}
+        )
+    except psycopg.OperationalError as error:
+        reachability.note(reached=False)
+        raise Unreachable(error) from error
+    probe.close()
 
 
 POOL_OPTIONS: dict[str, object] = {
