@@ -5,22 +5,30 @@ user operates (through this process's feed of each, apps.invocations.fanout) and
 re-checks, per message, that the user may decide that tool. Checks run in the
 consumer's own task, so a slow one never holds up the feed; a stream whose
 queue fills up anyway is closed with 4008 and the console re-reads the list.
+
+When the feed may have missed pushes (a catch-up: the layer dropped some), the
+stream re-reads from the database the approval events of its tenants written since
+its last re-read (less CATCH_UP_MARGIN) and sends those it has not seen, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections import OrderedDict
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.utils import timezone
 
+from apps.approvals.models import ApprovalRequest
 from apps.invocations import revocations
 from apps.invocations.events import remember_server_loop, tenant_group
-from apps.invocations.fanout import feeds_for
+from apps.invocations.fanout import encode, feeds_for
 from apps.invocations.revocations import StaffAccess, session_watch
 from apps.invocations.streams import (
     CLOSE_FORBIDDEN,
@@ -36,6 +44,19 @@ from toolhub.metrics import CountedStream
 
 logger = logging.getLogger(__name__)
 
+# A re-read after a catch-up starts this long before the previous one (or the stream's
+# opening): an event is stamped before its transaction commits, and processes' clocks
+# differ a little. What the stream already sent in that overlap is not sent again.
+CATCH_UP_MARGIN = timedelta(seconds=10)
+SEEN_LIMIT = 5_000  # approval events remembered (by approvalId and seq) to skip in a re-read
+
+
+class _CatchUp:
+    """The queue's mark for "re-read what the feed may have missed" (after what it holds)."""
+
+
+CATCH_UP: Final = _CatchUp()
+
 
 class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     stream_kind = "approvals"  # toolhub_open_streams
@@ -43,6 +64,7 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
     sender: asyncio.Future[None] | None = None
     watched: bool = False  # by revocations.SessionWatch
+    catch_up_queued: bool = False
 
     async def connect(self) -> None:
         remember_server_loop()
@@ -53,9 +75,12 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             return
         self.decidable: dict[str, bool] = {}  # per tool, asked again after RECHECK_S
         self.decidable_at = asyncio.get_running_loop().time()
-        self.queued: asyncio.Queue[tuple[dict[str, Any], str]] = asyncio.Queue(
+        self.queued: asyncio.Queue[tuple[dict[str, Any], str] | _CatchUp] = asyncio.Queue(
             maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
         )
+        self.seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.tenant_ids: list[int] = []
+        self.read_since: datetime = timezone.now() - CATCH_UP_MARGIN
         await self.accept()
         self.sender = asyncio.ensure_future(self._send_queued())
         tenant_ids = await self._tenant_ids(user)
@@ -85,6 +110,7 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
                 await self.close(code=CLOSE_INTERNAL)
                 return
             self.groups_joined.append(group)
+            self.tenant_ids.append(tenant_id)
 
     async def disconnect(self, code: int) -> None:
         if self.sender is not None:
@@ -98,10 +124,13 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
 
     async def offer(self, event: dict[str, Any], text: str) -> None:
         """An approval event from a tenant's feed; checked and sent by `_send_queued`."""
+        await self._enqueue((event, text))
+
+    async def _enqueue(self, item: tuple[dict[str, Any], str] | _CatchUp) -> None:
         if self.sender is None or self.sender.done():
             return
         try:
-            self.queued.put_nowait((event, text))
+            self.queued.put_nowait(item)
         except asyncio.QueueFull:
             logger.info("closing an approvals stream that cannot keep up")
             self.sender.cancel()
@@ -114,18 +143,41 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_FORBIDDEN)
 
     async def catch_up(self) -> None:
-        """Nothing to re-read: this stream has no replay. The console re-reads its
-        list whenever a message arrives and after every reconnect."""
+        """The feed may have missed pushes: re-read the database in this stream's own
+        task, after what is already queued (one re-read queued at a time)."""
+        if not self.catch_up_queued:
+            self.catch_up_queued = True
+            await self._enqueue(CATCH_UP)
 
     async def _send_queued(self) -> None:
         try:
             while True:
-                event, text = await self.queued.get()
-                if await self._may_decide(event["toolId"]):
-                    await self.send(text_data=text)
+                item = await self.queued.get()
+                if isinstance(item, _CatchUp):
+                    self.catch_up_queued = False
+                    for event in await self._missed(tuple(self.tenant_ids)):
+                        await self._send_new(event, encode(event))
+                    continue
+                await self._send_new(*item)
         except Exception:
             logger.exception("approvals stream failed; closing it")
             await self.close(code=CLOSE_INTERNAL)
+
+    async def _send_new(self, event: dict[str, Any], text: str) -> None:
+        """Send an event this stream has not handled yet, if the user may decide it."""
+        key = (str(event.get("approvalId")), int(event.get("seq") or 0))
+        if key in self.seen:
+            return
+        self.seen[key] = None
+        if len(self.seen) > SEEN_LIMIT:
+            self.seen.popitem(last=False)
+        if await self._may_decide(event["toolId"]):
+            await self.send(text_data=text)
+
+    @database_sync_to_async
+    def _missed(self, tenant_ids: tuple[int, ...]) -> list[dict[str, Any]]:
+        since, self.read_since = self.read_since, timezone.now() - CATCH_UP_MARGIN
+        return ApprovalRequest.objects.events_since(tenant_ids, since)
 
     @database_sync_to_async
     def _tenant_ids(self, user: Any) -> list[int]:

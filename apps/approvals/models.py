@@ -9,6 +9,8 @@ operators, a double click, API and admin at once) gets AlreadyDecided.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +37,9 @@ DECIDABLE = {ApprovalStatus.PENDING}
 OPEN = {ApprovalStatus.PENDING, ApprovalStatus.APPROVED}
 
 
+APPROVAL_EVENTS = ("approval_required", "approval_decided")
+
+
 class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
     def pending(self) -> ApprovalQuerySet:
         return self.filter(status=ApprovalStatus.PENDING)
@@ -47,6 +52,39 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
         if getattr(user, "is_superuser", False):
             return self
         return self.filter(tenant__in=Tenant.objects.filter(members=user.pk))
+
+    def events_since(
+        self, tenant_ids: Iterable[int], since: datetime, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """The approval events (`approval_required`, `approval_decided`) of these tenants
+        written at or after `since`, oldest first, as streamed: what an operators' stream
+        re-reads when its feed may have missed pushes. Found through the requests created
+        or decided since (at most `limit`), then their runs' events: two queries on
+        indexed columns, however large the tenants' event tables."""
+        from apps.invocations.models import RunEvent
+
+        requests = list(
+            self.filter(tenant_id__in=list(tenant_ids))
+            .filter(models.Q(created_at__gte=since) | models.Q(decided_at__gte=since))
+            .order_by("-created_at")
+            .values_list("pk", "tenant_id", "run_id", "tool_call_id")[:limit]
+        )
+        if not requests:
+            return []
+        wanted = {str(pk) for pk, *_ in requests}
+        runs = models.Q()
+        for _, tenant_id, run_id, tool_call_id in requests:
+            runs |= models.Q(tenant_id=tenant_id, run_id=run_id, tool_call_id=tool_call_id)
+        found = (
+            RunEvent.objects.filter(runs, type__in=APPROVAL_EVENTS, at__gte=since)
+            .order_by("at", "seq")
+            .values_list("message", flat=True)
+        )
+        return [
+            message
+            for message in found
+            if isinstance(message, dict) and message.get("approvalId") in wanted
+        ]
 
     def decidable_by(self, user: Any) -> ApprovalQuerySet:
         """What a staff user may decide: their tenants, tools they hold decide_approval on.
