@@ -66,7 +66,13 @@ from apps.tenants import epoch
 from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.capabilities import Capabilities
-from apps.tools.contracts import ToolContext, ToolError, ToolParams, ToolUnavailable
+from apps.tools.contracts import (
+    ToolContext,
+    ToolError,
+    ToolParams,
+    ToolResultTooLarge,
+    ToolUnavailable,
+)
 from apps.tools.models import Effect, Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
@@ -819,6 +825,8 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         raise  # _wait's cancellation (POST .../cancel/): not a tool failure
     except ToolUnavailable as exc:
         raise Refusal(ErrorCode.UNAVAILABLE, exc.safe_message[:1000]) from None
+    except ToolResultTooLarge as exc:
+        raise Refusal(ErrorCode.RESULT_TOO_LARGE, exc.safe_message[:1000]) from None
     except ToolError as exc:
         raise Refusal(ErrorCode.EXECUTION, exc.safe_message[:1000]) from None
     except Exception as exc:

@@ -11,6 +11,11 @@ dropped; the next call starts a fresh one: stdio processes are restarted, HTTP
 sessions re-initialised. A call that times out (or is cancelled) fails alone: other
 calls may share its session, so the session is pinged, and dropped only if the server
 does not answer within PING_S (it hangs as a whole, not just that tool).
+
+A remote server's answer is read up to MAX_MESSAGE_BYTES, one JSON body or one SSE
+event: a larger one fails its call (AnswerTooLarge) before it is held in memory whole,
+and the session serves on. (A stdio server's lines are read by the SDK without such a
+bound: stdio servers are programs an admin installed on toolhub's own host.)
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
@@ -50,6 +56,64 @@ class RemoteError(Exception):
 
 class ServerTimeout(Exception):
     """The server did not answer in time (the session is kept only if it answers a ping)."""
+
+
+class AnswerTooLarge(RemoteError):
+    """The server's answer to this request passed MAX_MESSAGE_BYTES; it was not read whole."""
+
+
+# One answer of a remote (HTTP) server: a JSON body, or one event of an SSE stream.
+MAX_MESSAGE_BYTES = 1024 * 1024
+TOO_LARGE = f"the answer is larger than toolhub's limit of {MAX_MESSAGE_BYTES} bytes"
+# How the SDK resolves a call whose SSE event passed the limit it was given.
+_SDK_EVENT_TOO_LARGE = f"exceeded the {MAX_MESSAGE_BYTES} byte limit"
+
+
+class _BodyTooLarge(httpx2.StreamError):
+    """Raised while a JSON body is read; the SDK answers its call with this text."""
+
+
+class _CappedBody(httpx2.AsyncByteStream):
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aiter__(self) -> Any:
+        size = 0
+        async for chunk in self.inner:
+            size += len(chunk)
+            if size > MAX_MESSAGE_BYTES:
+                raise _BodyTooLarge(TOO_LARGE)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _CappedTransport(httpx2.AsyncBaseTransport):
+    """Bodies other than SSE streams are cut at MAX_MESSAGE_BYTES (the SDK bounds each
+    event of a stream itself, with the same limit): the SDK reads a JSON answer whole."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        content_type = response.headers.get("content-type", "").lower()
+        if not content_type.startswith("text/event-stream"):
+            response.stream = _CappedBody(response.stream)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
+    """The SDK's client settings (create_mcp_http_client), with bodies capped."""
+    return httpx2.AsyncClient(
+        headers=headers,
+        timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+        transport=_CappedTransport(httpx2.AsyncHTTPTransport()),
+    )
 
 
 # After a call timed out: how long the server has to answer a ping before its session
@@ -114,7 +178,7 @@ class _Session:
         if endpoint.argv:
             params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
             return stdio_client(params, errlog=_DEVNULL)
-        client = create_mcp_http_client(headers=dict(endpoint.headers))
+        client = _http_client(dict(endpoint.headers))
         client.event_hooks["response"].append(self._note_refusal)
         return _http(endpoint.url, client)
 
@@ -142,7 +206,12 @@ class _Session:
 
 @contextlib.asynccontextmanager
 async def _http(url: str, client: Any) -> Any:
-    async with client, streamable_http_client(url, http_client=client) as streams:
+    async with (
+        client,
+        streamable_http_client(
+            url, http_client=client, max_sse_event_size=MAX_MESSAGE_BYTES
+        ) as streams,
+    ):
         yield streams
 
 
@@ -230,6 +299,8 @@ class Pool:
         except ServerUnavailable:
             raise
         except MCPError as exc:
+            if TOO_LARGE in exc.message or _SDK_EVENT_TOO_LARGE in exc.message:
+                raise AnswerTooLarge(TOO_LARGE) from None  # only this call's answer: no drop
             if exc.code != CONNECTION_CLOSED:
                 raise RemoteError(exc.message[:500]) from None
             await self._drop(endpoint)

@@ -24,7 +24,14 @@ from apps.mcp.models import (
     allowed_argv,
 )
 from apps.mcp.schemas import compile_params
-from apps.mcp.sessions import Endpoint, RemoteError, ServerTimeout, ServerUnavailable, pool
+from apps.mcp.sessions import (
+    AnswerTooLarge,
+    Endpoint,
+    RemoteError,
+    ServerTimeout,
+    ServerUnavailable,
+    pool,
+)
 from apps.tenants.models import Tenant
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
@@ -35,6 +42,7 @@ from apps.tools.contracts import (
     ToolError,
     ToolOutput,
     ToolParams,
+    ToolResultTooLarge,
     ToolUnavailable,
 )
 from apps.tools.registry import RegisteredTool, check_contract
@@ -182,6 +190,8 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
             raise ToolUnavailable(f"The MCP server {server.name} is unavailable: {exc}.") from None
         except ServerTimeout:
             raise ToolError(f"The MCP server {server.name} did not answer in time.") from None
+        except AnswerTooLarge as exc:
+            raise ToolResultTooLarge(f"{server.name}/{remote_name}: {exc}.") from None
         except RemoteError as exc:
             raise ToolError(f"{server.name}/{remote_name}: {exc}"[:1000]) from None
         content = [

@@ -51,6 +51,12 @@ class ToolUnavailable(ToolError):
     the call ends as `unavailable`, not as a tool failure."""
 
 
+class ToolResultTooLarge(ToolError):
+    """Raised by a tool whose provider answered with more than it may read (a remote
+    server's answer past its size limit, cut while it was read): the call ends as
+    `result_too_large`, like a result past the tool's own output limit."""
+
+
 @dataclass(frozen=True)
 class Redaction:
     """Allowlists of field paths ("steps.title") kept in records, events and results.

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import io
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -41,26 +43,33 @@ def seen(tmp_path: Path) -> Callable[[], list[str]]:
     return lambda: path.read_text().splitlines() if path.exists() else []
 
 
-@pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def serving(tmp_path: Path, **env: str) -> Iterator[str]:
+    """tests/mcp/servers/http_server.py on a free port, with these extra variables."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, f"{SERVERS}/http_server.py", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "MCP_HTTP_SEEN": str(tmp_path / "seen.txt")},
+        env={**os.environ, "MCP_HTTP_SEEN": str(tmp_path / "seen.txt"), **env},
     )
     url = f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 20
-    import socket
-
     while time.monotonic() < deadline:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.1)
-    yield url
-    stop(process)
+    try:
+        yield url
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[str]:
+    with serving(tmp_path) as url:
+        yield url
 
 
 def approve_and_run(approval_id: str) -> None:
@@ -220,6 +229,44 @@ def test_a_credential_is_never_sent_to_a_server_outside_its_allowed_hosts(http_s
     assert body["ok"] is False and body["errorCode"] == "unavailable", body
     assert "allowed hosts" in body["safeMessage"]
     assert "acme-calc-token" not in str(body)
+
+
+@pytest.mark.parametrize("answers", ["sse", "json"])
+def test_an_answer_past_the_message_limit_fails_its_call_and_the_server_serves_on(
+    answers, tmp_path
+):
+    """A remote server's answer is read up to MAX_MESSAGE_BYTES (1 MiB), as an SSE event
+    or as a plain JSON body: a larger one fails that call without being held in memory."""
+    json_response = "1" if answers == "json" else "0"
+    with serving(tmp_path, MCP_HTTP_JSON_RESPONSE=json_response, MCP_HTTP_SIZED="1") as url:
+        call_command("mcp_add", "big", "--url", url, stdout=io.StringIO())
+        call_command("mcp_sync", "big", stdout=io.StringIO())
+        enable("mcp__big__sized")
+        agent = make_agent("acme")
+        allow(agent.tenant, "mcp__big__sized")
+
+        small = agent.invoke("mcp__big__sized", args={"size": 1000}).json()
+        assert small["ok"] is True and small["result"]["content"][0]["text"] == "x" * 1000
+        huge = agent.invoke("mcp__big__sized", args={"size": 3 * 1024 * 1024}).json()
+        assert huge["ok"] is False and huge["errorCode"] == "result_too_large", huge
+        assert huge["safeMessage"] == (
+            "big/sized: the answer is larger than toolhub's limit of 1048576 bytes."
+        ), huge
+        again = agent.invoke("mcp__big__sized", args={"size": 10}).json()
+        assert again["ok"] is True, again
+
+
+@pytest.mark.parametrize("answers", ["sse", "json"])
+def test_a_listing_past_the_message_limit_fails_the_sync_with_a_clear_error(answers, tmp_path):
+    json_response = "1" if answers == "json" else "0"
+    with serving(tmp_path, MCP_HTTP_JSON_RESPONSE=json_response, MCP_HTTP_HUGE_LISTING="1") as url:
+        call_command("mcp_add", "wordy", "--url", url, stdout=io.StringIO())
+        with pytest.raises(CommandError):
+            call_command("mcp_sync", "wordy", stdout=io.StringIO(), stderr=io.StringIO())
+    assert McpServer.objects.get(name="wordy").last_error == (
+        "listing failed: the answer is larger than toolhub's limit of 1048576 bytes"
+    )
+    assert not Tool.objects.filter(pk__startswith="mcp__wordy__").exists()
 
 
 def test_a_url_that_does_not_speak_mcp_fails_the_sync_with_a_clear_error(tmp_path):

@@ -6,6 +6,10 @@ tools/list included: a server that cannot even be discovered without a tenant's 
 With MCP_HTTP_SEEN (a file path) set, the server writes down every Authorization header a
 tool call brought, and offers tools that echo it back in the shapes a careless or hostile
 server would (encoded, in an error, after a pause): the secret scrubbing tests.
+
+The message size limit tests: MCP_HTTP_SIZED=1 adds `sized(size)`, which answers `size`
+characters; MCP_HTTP_HUGE_LISTING=1 adds a tool whose description makes tools/list's
+answer larger than 1 MiB; MCP_HTTP_JSON_RESPONSE=1 answers with JSON bodies, not SSE.
 """
 
 from __future__ import annotations
@@ -128,11 +132,27 @@ def bearer_only(inner: Any, token: str) -> Any:
     return guarded
 
 
+if os.environ.get("MCP_HTTP_SIZED"):
+
+    @app.tool(description="A text of `size` characters (the message size limit tests).")
+    def sized(size: int) -> str:
+        return "x" * size
+
+
+if os.environ.get("MCP_HTTP_HUGE_LISTING"):
+
+    @app.tool(description="d" * 2 * 1024 * 1024)  # a tools/list answer past 1 MiB
+    def described_at_length() -> str:
+        return "ok"
+
+
 if __name__ == "__main__":
-    asgi = app.streamable_http_app()
+    # MCP_HTTP_JSON_RESPONSE=1: answers are plain JSON bodies instead of SSE streams.
+    json_response = os.environ.get("MCP_HTTP_JSON_RESPONSE") == "1"
+    asgi = app.streamable_http_app(json_response=json_response)
     if len(sys.argv) > 2:
         if os.environ.get("MCP_HTTP_LEAKY_LISTING"):
             leak_into_listing(sys.argv[2])
-            asgi = app.streamable_http_app()
+            asgi = app.streamable_http_app(json_response=json_response)
         asgi = bearer_only(asgi, sys.argv[2])
     uvicorn.run(asgi, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
