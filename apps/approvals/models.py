@@ -60,7 +60,8 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
         written at or after `since`, oldest first, as streamed: what an operators' stream
         re-reads when its feed may have missed pushes. Found through the requests created
         or decided since (at most `limit`), then their runs' events: two queries on
-        indexed columns, however large the tenants' event tables."""
+        indexed columns ((tenant, run_id, seq) for the events), however large the
+        tenants' event tables."""
         from apps.invocations.models import RunEvent
 
         requests = list(
@@ -72,18 +73,24 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
         if not requests:
             return []
         wanted = {str(pk) for pk, *_ in requests}
-        runs = models.Q()
-        for _, tenant_id, run_id, tool_call_id in requests:
-            runs |= models.Q(tenant_id=tenant_id, run_id=run_id, tool_call_id=tool_call_id)
         found = (
-            RunEvent.objects.filter(runs, type__in=APPROVAL_EVENTS, at__gte=since)
+            RunEvent.objects.filter(
+                tenant_id__in={tenant_id for _, tenant_id, _, _ in requests},
+                run_id__in={run_id for _, _, run_id, _ in requests},
+                tool_call_id__in={tool_call_id for *_, tool_call_id in requests},
+                type__in=APPROVAL_EVENTS,
+                at__gte=since,
+            )
             .order_by("at", "seq")
-            .values_list("message", flat=True)
+            .values_list("tenant_id", "message")
         )
+        tenant_of = {str(pk): tenant_id for pk, tenant_id, _, _ in requests}
         return [
             message
-            for message in found
-            if isinstance(message, dict) and message.get("approvalId") in wanted
+            for tenant_id, message in found
+            if isinstance(message, dict)
+            and message.get("approvalId") in wanted
+            and tenant_of[message["approvalId"]] == tenant_id
         ]
 
     def decidable_by(self, user: Any) -> ApprovalQuerySet:
