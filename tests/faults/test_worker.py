@@ -100,8 +100,9 @@ def test_the_listeners_connection_goes_back_to_the_pool_no_longer_listening():
     taken = [pool.getconn() for _ in range(pool.get_stats()["pool_available"])]
     try:
         [reused] = [conn for conn in taken if conn.info.backend_pid == pid]
-        channels = reused.execute("SELECT pg_listening_channels()").fetchall()
-        assert channels == []
+        with reused.cursor() as cursor:
+            cursor.execute("SELECT pg_listening_channels()")
+            assert cursor.fetchall() == []
     finally:
         for conn in taken:
             pool.putconn(conn)
