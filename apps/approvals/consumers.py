@@ -61,14 +61,14 @@ CATCH_UP: Final = _CatchUp()
 class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     stream_kind = "approvals"  # toolhub_open_streams
     channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
-    groups_joined: list[str]
+    tenant_ids: list[int]  # the tenants whose feeds it listens to
     sender: asyncio.Future[None] | None = None
     watched: bool = False  # by revocations.SessionWatch
     catch_up_queued: bool = False
 
     async def connect(self) -> None:
         remember_server_loop()
-        self.groups_joined = []
+        self.tenant_ids = []
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_staff:
             await refuse(self, CLOSE_FORBIDDEN)
@@ -79,7 +79,6 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
         )
         self.seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self.tenant_ids: list[int] = []
         self.read_since: datetime = timezone.now() - CATCH_UP_MARGIN
         await self.accept()
         self.sender = asyncio.ensure_future(self._send_queued())
@@ -100,7 +99,7 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         layer = get_channel_layer()
         for tenant_id in tenant_ids:
             group = tenant_group(tenant_id)
-            if self.sender is None or self.sender.done() or group in self.groups_joined:
+            if self.sender is None or self.sender.done() or tenant_id in self.tenant_ids:
                 continue  # closed meanwhile, or already listening
             try:
                 await feeds_for(layer).subscribe(layer, group, self)
@@ -109,7 +108,6 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
                 self.sender.cancel()
                 await self.close(code=CLOSE_INTERNAL)
                 return
-            self.groups_joined.append(group)
             self.tenant_ids.append(tenant_id)
 
     async def disconnect(self, code: int) -> None:
@@ -118,9 +116,9 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         if self.watched:
             self.watched = False
             session_watch().unwatch(self)
-        groups, self.groups_joined = self.groups_joined, []
-        for group in groups:
-            await feeds_for(get_channel_layer()).unsubscribe(group, self)
+        tenant_ids, self.tenant_ids = self.tenant_ids, []
+        for tenant_id in tenant_ids:
+            await feeds_for(get_channel_layer()).unsubscribe(tenant_group(tenant_id), self)
 
     async def offer(self, event: dict[str, Any], text: str) -> None:
         """An approval event from a tenant's feed; checked and sent by `_send_queued`."""

@@ -72,7 +72,7 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
         )
         if not requests:
             return []
-        wanted = {str(pk) for pk, *_ in requests}
+        tenant_of = {str(pk): tenant_id for pk, tenant_id, _, _ in requests}
         found = (
             RunEvent.objects.filter(
                 tenant_id__in={tenant_id for _, tenant_id, _, _ in requests},
@@ -84,13 +84,11 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
             .order_by("at", "seq")
             .values_list("tenant_id", "message")
         )
-        tenant_of = {str(pk): tenant_id for pk, tenant_id, _, _ in requests}
         return [
             message
             for tenant_id, message in found
             if isinstance(message, dict)
-            and message.get("approvalId") in wanted
-            and tenant_of[message["approvalId"]] == tenant_id
+            and tenant_of.get(str(message.get("approvalId"))) == tenant_id
         ]
 
     def decidable_by(self, user: Any) -> ApprovalQuerySet:

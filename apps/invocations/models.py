@@ -298,7 +298,7 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
             return None
         digest = hashlib.sha256(raw.encode()).hexdigest()
         now = timezone.now()
-        ticket = (
+        redeemable = (
             self.filter(token_hash=digest, used_at__isnull=True, expires_at__gt=now)
             .filter(models.Q(api_key=None) | models.Q(api_key__revoked_at=None))
             .filter(
@@ -309,13 +309,13 @@ class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
                     )
                 )
             )
-            .select_related("tenant")
-            .first()
         )
+        ticket = redeemable.select_related("tenant").first()
         if ticket is None:
             return None
-        # The guard makes it single use: of two handshakes racing with one ticket, one wins.
-        if not self.filter(pk=ticket.pk, used_at__isnull=True).update(used_at=now, session_key=""):
+        # Spent only if still redeemable (unused: of two handshakes racing with one ticket,
+        # one wins; its key and session still valid), in one UPDATE.
+        if not redeemable.filter(pk=ticket.pk).update(used_at=now, session_key=""):
             return None
         ticket.used_at = now
         return ticket

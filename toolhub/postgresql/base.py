@@ -17,16 +17,14 @@ from typing import Any
 
 from django.db.backends.postgresql import base
 
-from toolhub.postgresql.pool import Unreachable, reachability
+from toolhub.postgresql.pool import Unreachable, probe, reachability
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         if self.pool is not None and reachability.down:
             timeout = int(self.settings_dict["OPTIONS"]["pool"].get("timeout", 5))
-            probe = self.Database.connect(**conn_params, connect_timeout=max(1, timeout))
-            probe.close()
-            reachability.note(reached=True)
+            probe("", conn_params, timeout)
         try:
             return super().get_new_connection(conn_params)
         except Unreachable as unreachable:  # a pooled connection broke, and so do new ones

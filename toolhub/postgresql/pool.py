@@ -86,17 +86,21 @@ def check(conn: psycopg.Connection[Any]) -> None:
         raise
 
 
+def probe(conninfo: str, kwargs: dict[str, Any], timeout: float) -> None:
+    """One direct connection, closed at once; refused, it raises PostgreSQL's
+    OperationalError. Either way `reachability` notes the outcome (WatchedConnection)."""
+    WatchedConnection.connect(
+        conninfo, **{**kwargs, "connect_timeout": max(1, round(timeout))}
+    ).close()
+
+
 def _probe(pool: ConnectionPool[Any]) -> None:
     kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
     conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
     try:
-        probe = psycopg.connect(
-            conninfo, **{**kwargs, "connect_timeout": max(1, round(pool.timeout))}
-        )
+        probe(conninfo, kwargs, pool.timeout)
     except psycopg.OperationalError as error:
-        reachability.note(reached=False)
         raise Unreachable(error) from error
-    probe.close()
 
 
 POOL_OPTIONS: dict[str, object] = {
