@@ -187,7 +187,7 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "toolhub.layers.RedisLayer",
             "CONFIG": {
                 # redis-py 8 times sockets out after 5 s, which races channels-redis's
                 # 5 s blocking pop and kills idle streams: no client-side timeout.

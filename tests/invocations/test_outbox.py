@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from channels.layers import InMemoryChannelLayer
-from channels_redis.core import RedisChannelLayer
 
 from apps.invocations import events, fanout
 from tests.support.redis import redis_server
+from toolhub.layers import RedisLayer
 
 
 @pytest.fixture
@@ -233,8 +233,8 @@ def test_pushes_lost_by_one_process_make_the_groups_feeds_elsewhere_catch_up(
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         proxy = CuttableProxy(port)
         try:
-            here = RedisChannelLayer(hosts=[{"address": url, "socket_timeout": None}])
-            there = RedisChannelLayer(
+            here = RedisLayer(hosts=[{"address": url, "socket_timeout": None}])
+            there = RedisLayer(
                 hosts=[{"address": f"redis://127.0.0.1:{proxy.port}/0", "socket_timeout": None}]
             )
             recorder = Recorder()

@@ -41,7 +41,7 @@ def server(transactional_db: None, redis_url: str, settings: Any) -> Iterator[Se
     reaches the server's streams as an admin's change in any process would."""
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "toolhub.layers.RedisLayer",
             "CONFIG": {"hosts": [redis_url]},
         }
     }

@@ -1,0 +1,185 @@
+"""toolhub's Redis layer (toolhub/layers.py) sends in fewer round trips than channels-redis
+and must keep its every rule: each test runs against both, on a real Redis, and a process
+of one kind must read what a process of the other sent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from channels.exceptions import ChannelFull
+from channels_redis.core import RedisChannelLayer
+
+from tests.support.redis import redis_server
+from toolhub.layers import RedisLayer
+
+KINDS = [RedisChannelLayer, RedisLayer]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def layer(kind: type[RedisChannelLayer], url: str, **config: Any) -> Any:
+    return kind(hosts=[{"address": url, "socket_timeout": None}], **config)
+
+
+async def receive(layer_obj: Any, channel: str) -> dict[str, Any]:
+    return dict(await asyncio.wait_for(layer_obj.receive(channel), 5))
+
+
+async def nothing_for(layer_obj: Any, channel: str) -> bool:
+    try:
+        await asyncio.wait_for(layer_obj.receive(channel), 0.3)
+    except TimeoutError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+def test_a_group_message_reaches_every_member_once(
+    kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        here = layer(kind, redis_url)
+        # Two process-local channels share one Redis key; a general channel has its own.
+        first, second = await here.new_channel(), await here.new_channel()
+        general = "plain.general"
+        for channel in (first, second, general):
+            await here.group_add("run-a", channel)
+        await here.group_send("run-a", {"type": "run.event", "n": 1})
+        assert await receive(here, first) == {"type": "run.event", "n": 1}
+        assert await receive(here, second) == {"type": "run.event", "n": 1}
+        assert await receive(here, general) == {"type": "run.event", "n": 1}
+        for channel in (first, second, general):
+            assert await nothing_for(here, channel)
+        await here.flush()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+def test_a_group_nobody_follows_takes_the_message_and_stores_nothing(
+    kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        here = layer(kind, redis_url)
+        await here.group_send("run-nobody", {"type": "run.event"})
+        await here.flush()
+
+    asyncio.run(scenario())
+    assert raw.keys("*") == []
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+def test_a_full_channel_refuses_a_send_and_misses_a_group_message_others_get(
+    kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis, caplog: Any
+) -> None:
+    async def scenario() -> None:
+        here = layer(kind, redis_url, capacity=2)
+        await here.send("slow.reader", {"type": "m", "n": 1})
+        await here.send("slow.reader", {"type": "m", "n": 2})
+        with pytest.raises(ChannelFull):
+            await here.send("slow.reader", {"type": "m", "n": 3})
+        await here.group_add("run-b", "slow.reader")
+        await here.group_add("run-b", "quick.reader")
+        with caplog.at_level(logging.INFO):
+            await here.group_send("run-b", {"type": "m", "n": 4})
+        assert [(await receive(here, "slow.reader"))["n"] for _ in range(2)] == [1, 2]
+        assert await nothing_for(here, "slow.reader")
+        assert (await receive(here, "quick.reader"))["n"] == 4
+        await here.flush()
+
+    asyncio.run(scenario())
+    assert "1 of 2 channels over capacity in group run-b" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+def test_expired_messages_leave_room_and_expired_members_leave_the_group(
+    kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        here = layer(kind, redis_url, capacity=2, expiry=30, group_expiry=60)
+        await here.send("old.reader", {"type": "m", "n": 1})
+        await here.send("old.reader", {"type": "m", "n": 2})
+        # Both messages and a member now older than their expiries, as if time passed.
+        key = "asgi" + "old.reader"
+        members: list[bytes] = list(raw.zrange(key, 0, -1))  # type: ignore[arg-type]
+        raw.zadd(key, dict.fromkeys(members, time.time() - 31))
+        await here.group_add("run-c", "gone.member")
+        await here.group_add("run-c", "live.member")
+        raw.zadd(b"asgi:group:run-c", {b"gone.member": time.time() - 61})
+        await here.send("old.reader", {"type": "m", "n": 3})  # room again: no ChannelFull
+        await here.group_send("run-c", {"type": "m", "n": 4})
+        assert 0 < raw.ttl("asgi" + "live.member") <= 30  # a message expires unread
+        assert (await receive(here, "old.reader"))["n"] == 3
+        assert (await receive(here, "live.member"))["n"] == 4
+        assert await nothing_for(here, "gone.member")
+        assert raw.zrange(b"asgi:group:run-c", 0, -1) == [b"live.member"]
+        await here.flush()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("sender_kind", KINDS, ids=lambda kind: f"from-{kind.__name__}")
+def test_processes_of_either_kind_share_one_redis(
+    sender_kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
+) -> None:
+    receiver_kind = RedisChannelLayer if sender_kind is RedisLayer else RedisLayer
+
+    async def scenario() -> None:
+        sender, receiver = layer(sender_kind, redis_url), layer(receiver_kind, redis_url)
+        local = await receiver.new_channel()
+        await receiver.group_add("run-d", local)
+        await sender.group_send("run-d", {"type": "m", "n": 1})
+        await sender.send(local, {"type": "m", "n": 2})
+        assert [(await receive(receiver, local))["n"] for _ in range(2)] == [1, 2]
+        await receiver.flush()
+
+    asyncio.run(scenario())
+
+
+def test_scripts_lost_by_redis_are_loaded_again(redis_url: str, raw: redis.Redis) -> None:
+    async def scenario() -> None:
+        here = layer(RedisLayer, redis_url)
+        await here.group_add("run-e", "a.reader")
+        await here.group_send("run-e", {"type": "m", "n": 1})
+        raw.script_flush()  # as a Redis restart does
+        await here.group_send("run-e", {"type": "m", "n": 2})
+        await here.send("a.reader", {"type": "m", "n": 3})
+        assert [(await receive(here, "a.reader"))["n"] for _ in range(3)] == [1, 2, 3]
+        await here.flush()
+
+    asyncio.run(scenario())
+
+
+def test_a_deployment_with_redis_uses_toolhubs_layer() -> None:
+    """The settings a process loads with REDIS_URL (no Redis is contacted to load them)."""
+    probe = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.CHANNEL_LAYERS['default']['BACKEND'])"
+    )
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}
+    env.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "toolhub.layers.RedisLayer"
