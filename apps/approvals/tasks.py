@@ -118,22 +118,18 @@ def run_approved_calls(
 
 
 def _claimer(approval: ApprovalRequest) -> Callable[[], bool]:
+    """approved -> executing, in the transaction that records the call's start: of two
+    workers holding entries for one call, exactly one gets it; a cancel that came first
+    wins. A statement built once (issue 13), which PostgreSQL sends inside the start's
+    own statement (apps.invocations.combined)."""
     from apps.approvals.models import ApprovalStatus
     from apps.invocations import statements
 
-    def claim() -> bool:
-        """approved -> executing, in the transaction that records the call's start: of
-        two workers holding entries for one call, exactly one gets it; a cancel that
-        came first wins."""
-        approval.status, approval.claimed_at = ApprovalStatus.EXECUTING, timezone.now()
-        claimed = statements.update(  # a statement built once (issue 13)
-            approval, ("status", "claimed_at"), only_if={"status": ApprovalStatus.APPROVED}
-        )
-        if not claimed:
-            approval.status = ApprovalStatus.APPROVED  # as far as this worker knows
-        return claimed
-
-    return claim
+    return statements.Guarded(
+        approval,
+        {"status": ApprovalStatus.EXECUTING, "claimed_at": timezone.now()},
+        only_if={"status": ApprovalStatus.APPROVED},
+    )
 
 
 @task()

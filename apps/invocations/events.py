@@ -165,36 +165,47 @@ def _write(batches: list[tuple[Tenant, str, list[Event]]]) -> list[list[EventMes
             for event in batch:
                 seq = following[(tenant.pk, run_id)]
                 following[(tenant.pk, run_id)] = seq + 1
-                at = event.at or timezone.now()
-                message: EventMessage = {
-                    "v": EVENT_VERSION,
-                    "seq": seq,
-                    "type": event.type,
-                    "runId": run_id,
-                    "toolCallId": event.tool_call_id,
-                    "toolId": event.tool_id,
-                    "at": at.isoformat().replace("+00:00", "Z"),
-                    **event.fields,  # type: ignore[typeddict-item]
-                }
-                messages.append(message)
-                rows.append(
-                    RunEvent(
-                        tenant=tenant,
-                        run_id=run_id,
-                        seq=seq,
-                        type=event.type,
-                        tool_call_id=event.tool_call_id,
-                        tool_id=event.tool_id,
-                        message=message,
-                        at=at,
-                    )
-                )
+                row = stored(tenant, run_id, event, seq)
+                messages.append(row.message)
+                rows.append(row)
             written.append(messages)
         statements.insert(rows)  # one statement, its text built once (issue 13)
-        for (tenant, run_id, _), messages in zip(batches, written, strict=True):
-            if messages:
-                transaction.on_commit(partial(_push_all, tenant.pk, run_id, messages))
+        push_after_commit(batches, written)
     return written
+
+
+def stored(tenant: Tenant, run_id: str, event: Event, seq: int) -> RunEvent:
+    """The event as streamed (its message) and as stored, numbered `seq`."""
+    at = event.at or timezone.now()
+    message: EventMessage = {
+        "v": EVENT_VERSION,
+        "seq": seq,
+        "type": event.type,
+        "runId": run_id,
+        "toolCallId": event.tool_call_id,
+        "toolId": event.tool_id,
+        "at": at.isoformat().replace("+00:00", "Z"),
+        **event.fields,  # type: ignore[typeddict-item]
+    }
+    return RunEvent(
+        tenant=tenant,
+        run_id=run_id,
+        seq=seq,
+        type=event.type,
+        tool_call_id=event.tool_call_id,
+        tool_id=event.tool_id,
+        message=message,
+        at=at,
+    )
+
+
+def push_after_commit(
+    batches: list[tuple[Tenant, str, list[Event]]], written: list[list[EventMessage]]
+) -> None:
+    """Push each batch's messages once the transaction commits (now, outside one)."""
+    for (tenant, run_id, _), messages in zip(batches, written, strict=True):
+        if messages:
+            transaction.on_commit(partial(_push_all, tenant.pk, run_id, messages))
 
 
 # The event loop of the ASGI server in this process, remembered by every HTTP request

@@ -57,7 +57,7 @@ from apps.approvals.models import ApprovalRequest
 from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import events, ratelimit, signals, statements
+from apps.invocations import combined, events, ratelimit, signals, statements
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
@@ -378,22 +378,29 @@ class Closing:
     record `executing`, as one dying while the tool runs does (settle_interrupted)."""
 
     def __init__(self) -> None:
-        self._ends: list[Callable[[], None]] = []
+        self._ends: list[InvocationRecord] = []
 
-    def add(self, write_end: Callable[[], None]) -> None:
-        self._ends.append(write_end)
+    def add(self, record: InvocationRecord) -> None:
+        self._ends.append(record)
+
+    def pending(self) -> list[InvocationRecord]:
+        return list(self._ends)
 
     def write(self) -> None:
         """Write the ends noted so far, in the caller's transaction; they are done once it
         commits (on a rollback they stay, and the next write or flush writes them)."""
         ends = list(self._ends)
-        for write_end in ends:
-            write_end()
+        for record in ends:
+            _write_end(record)
+        self.written(ends)
+
+    def written(self, ends: list[InvocationRecord]) -> None:
+        """These ends were written in the caller's transaction (or, outside one, now)."""
         if ends:
             transaction.on_commit(lambda: self._done(ends))
 
-    def _done(self, ends: list[Callable[[], None]]) -> None:
-        self._ends = [end for end in self._ends if end not in ends]
+    def _done(self, ends: list[InvocationRecord]) -> None:
+        self._ends = [end for end in self._ends if all(end is not other for other in ends)]
 
     def flush(self) -> None:
         """Write what is left in a transaction of its own."""
@@ -429,14 +436,56 @@ def resume(
             if closing is not None:
                 closing.write()
             return record_refusal(call, refusal) if claim is None or claim() else None
-    with transaction.atomic(), events.gathered():
-        if closing is not None:
-            closing.write()
-        if claim is not None and not claim():
-            return None
-        record_start(call)
+    if closing is not None and isinstance(claim, statements.Guarded) and combined.available():
+        claimed = _start_combined(call, claim, closing)
+    else:
+        claimed = None
+    if claimed is None:  # the statements one by one
+        with transaction.atomic(), events.gathered():
+            if closing is not None:
+                closing.write()
+            if claim is not None and not claim():
+                return None
+            record_start(call)
+    elif not claimed:
+        return None
     call.closing = closing
     return run_started(call)
+
+
+def _start_combined(call: Call, claim: statements.Guarded, closing: Closing) -> bool | None:
+    """record_start for a held call, with the claim and the earlier calls' ends, as one
+    statement (apps.invocations.combined, PostgreSQL); None if it cannot be sent so."""
+    assert call.record is not None
+    now = timezone.now()
+    record = call.record
+    before = {name: getattr(record, name) for name in STARTING_FIELDS}
+    record.status, record.started_at = Status.RUNNING, now
+    record.args, record.request_hash = call.redacted_args(), call.request_hash
+    ends = closing.pending()
+    pending = [
+        combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False)
+        for end in ends
+    ]
+    pending.append(
+        combined.Pending(call.caller.tenant, call.run_id, _start_event(call, now), needs_claim=True)
+    )
+    try:
+        claimed = combined.write(
+            [(end, CLOSING_FIELDS) for end in ends], claim, [(record, STARTING_FIELDS)], pending
+        )
+    except BaseException:
+        for name, value in before.items():
+            setattr(record, name, value)
+        raise
+    if claimed is None or not claimed:
+        for name, value in before.items():
+            setattr(record, name, value)
+    if claimed is not None:
+        closing.written(ends)
+        for end in ends:
+            transaction.on_commit(partial(_log, end))
+    return claimed
 
 
 def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:
@@ -1087,7 +1136,7 @@ def _close_record(
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
     if closing is not None and not record._state.adding and start is None:
-        closing.add(partial(_write_end, record))  # written with the worker's next start
+        closing.add(record)  # written with the worker's next start
         return record
     with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
         if record._state.adding:  # built by _unsaved_record: written only now

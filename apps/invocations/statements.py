@@ -71,6 +71,23 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     compared with `=`) the row is updated only when it still holds those values, and the
     answer says whether it did (a claim: approved -> executing). Without it a missing row
     fails as Django's save does."""
+    built = update_sql(row, fields, only_if=only_if)
+    if built is None:
+        return _django_update(row, fields, only_if)
+    sql, params = built
+    with connections[row._state.db or "default"].cursor() as cursor:
+        cursor.execute(sql, params)
+        changed = cursor.rowcount
+    if not changed and only_if is None:
+        raise DatabaseError("Save with update_fields did not affect any rows.")
+    return bool(changed)
+
+
+def update_sql(
+    row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None = None
+) -> tuple[str, list[Any]] | None:
+    """The statement `update()` sends and its parameters, or None for a row only Django's
+    own update can write (see the module docstring)."""
     model = type(row)
     meta = model._meta
     using = row._state.db or "default"
@@ -79,13 +96,13 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     values = [field.pre_save(row, add=False) for field in targets]
     guards = [(meta.get_field(name), value) for name, value in (only_if or {}).items()]
     if not _plain(targets) or any(hasattr(value, "resolve_expression") for value in values):
-        return _django_update(row, fields, only_if)
+        return None
     params = [
         field.get_db_prep_save(value, connection=connection)
         for field, value in zip(targets, values, strict=True)
     ]
     if any(hasattr(value, "as_sql") for value in params):
-        return _django_update(row, fields, only_if)
+        return None
     key = (model, using, fields, tuple(only_if or ()))
     sql = _updates.get(key)
     if sql is None:
@@ -101,12 +118,34 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     params.append(meta.pk.get_db_prep_value(row.pk, connection=connection, prepared=False))
     for field, value in guards:
         params.append(field.get_db_prep_value(value, connection=connection, prepared=False))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        changed = cursor.rowcount
-    if not changed and only_if is None:
-        raise DatabaseError("Save with update_fields did not affect any rows.")
-    return bool(changed)
+    return sql, params
+
+
+class Guarded:
+    """Set these values on a saved row only while it still holds others (a claim:
+    approved -> executing). Called, it writes on its own and answers whether it applied,
+    the row's attributes back as they were if not; `apps.invocations.combined` sends the
+    same UPDATE inside a larger statement."""
+
+    def __init__(self, row: Any, values: dict[str, Any], only_if: dict[str, Any]) -> None:
+        self.row, self.values, self.only_if = row, values, only_if
+        self.fields = tuple(values)
+        self._before = {name: getattr(row, name) for name in values}
+
+    def apply(self) -> None:
+        for name, value in self.values.items():
+            setattr(self.row, name, value)
+
+    def undo(self) -> None:
+        for name, value in self._before.items():
+            setattr(self.row, name, value)
+
+    def __call__(self) -> bool:
+        self.apply()
+        applied = update(self.row, self.fields, only_if=self.only_if)
+        if not applied:
+            self.undo()
+        return applied
 
 
 def _django_update(row: Any, fields: tuple[str, ...], only_if: dict[str, Any] | None) -> bool:

@@ -1,0 +1,172 @@
+"""A queued call's start as one statement on PostgreSQL (issue 13, goal 6).
+
+A worker starting an approved call writes, in one transaction: the ends of the calls it
+ran before (their records' closing UPDATEs, runner.Closing), the claim (approved ->
+executing, only if still approved), the record's start, one number per event from the
+runs' counters, and the events (the ends' tool_call_result, the start's
+tool_call_start). Sent one by one that was BEGIN, five statements and COMMIT: seven
+round trips, each a pass through the ORM, psycopg and PostgreSQL's parser.
+
+`write()` sends the same writes as one statement of data-modifying CTEs, which
+PostgreSQL runs as one transaction (in autocommit; inside a caller's transaction, as part
+of it):
+
+- the claim is a CTE; the start's UPDATE and the start's event apply only if it returned
+  a row, so a lost claim (a cancel first, another worker first) writes the ends alone;
+- the runs' counters are raised by an upsert of the wanted events' count per run, in a
+  fixed order (no deadlock between workers), and each event's number is its run's new
+  last number minus the wanted events after it, written into its stored message too.
+
+What each row ends up holding is what the statements one by one write, for the same
+values; `tests/approvals/test_combined_start.py` compares them. Other databases (SQLite)
+keep the statements one by one: `available()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from apps.invocations import events, statements
+from apps.invocations.events import Event, EventMessage
+from apps.invocations.models import Run, RunEvent
+from apps.tenants.models import Tenant
+
+# The event columns a start's statement writes from VALUES, in this order (seq is numbered
+# in the statement).
+_EVENT_COLUMNS = ("tenant", "run_id", "type", "tool_call_id", "tool_id", "message", "at")
+
+
+@dataclass
+class Pending:
+    """One event to write: `needs_claim` ones only if the claim applies."""
+
+    tenant: Tenant
+    run_id: str
+    event: Event
+    needs_claim: bool
+
+
+def available(using: str = "default") -> bool:
+    return connections[using].vendor == "postgresql"
+
+
+def write(
+    updates: list[tuple[Any, tuple[str, ...]]],
+    claim: statements.Guarded,
+    claimed_updates: list[tuple[Any, tuple[str, ...]]],
+    pending: list[Pending],
+) -> bool | None:
+    """Send `updates`, the claim, `claimed_updates` (only if it applied) and the events of
+    `pending` as one statement; whether the claim applied. None, with nothing sent, when a
+    row has a field only Django's own update can write: use the statements one by one."""
+    using = claim.row._state.db or "default"
+    connection = connections[using]
+    claim.apply()
+    parts: list[str] = []
+    params: list[Any] = []
+    built = statements.update_sql(claim.row, claim.fields, only_if=claim.only_if)
+    if built is None:
+        claim.undo()
+        return None
+    parts.append(f"claimed AS ({built[0]} RETURNING 1)")
+    params += built[1]
+    for index, (row, fields) in enumerate([*updates, *claimed_updates]):
+        built = statements.update_sql(row, fields)
+        if built is None:
+            claim.undo()
+            return None
+        guard = " AND EXISTS (SELECT 1 FROM claimed)" if index >= len(updates) else ""
+        parts.append(f"u{index} AS ({built[0]}{guard} RETURNING 1)")
+        params += built[1]
+    rows = [events.stored(item.tenant, item.run_id, item.event, 0) for item in pending]
+    if rows:
+        sql, event_params = _events_sql(connection, rows, [item.needs_claim for item in pending])
+        parts.append(sql)
+        params += event_params
+    numbered = "numbered" if rows else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "WITH "  # noqa: S608 (names and placeholders only)
+            + ", ".join(parts)
+            + " SELECT (SELECT count(*) FROM claimed), n.tenant_id, n.run_id, n.last_seq "
+            + f"FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, last_seq) "
+            + "ON true",
+            params,
+        )
+        answer = cursor.fetchall()
+    claimed = bool(answer[0][0])
+    if not claimed:
+        claim.undo()
+    last = {(int(t), str(r)): int(s) for _, t, r, s in answer if t is not None}
+    _number(rows, [not item.needs_claim or claimed for item in pending], last)
+    batches: list[tuple[Tenant, str, list[Event]]] = []
+    messages: list[list[EventMessage]] = []
+    for item, row in zip(pending, rows, strict=True):
+        if claimed or not item.needs_claim:  # one push per event, as events.gathered()
+            batches.append((item.tenant, item.run_id, [item.event]))
+            messages.append([row.message])
+    events.push_after_commit(batches, messages)
+    return claimed
+
+
+def _events_sql(
+    connection: Any, rows: list[RunEvent], needs_claim: list[bool]
+) -> tuple[str, list[Any]]:
+    quote = connection.ops.quote_name
+    fields = [RunEvent._meta.get_field(name) for name in _EVENT_COLUMNS]
+    columns = [str(field.column) for field in fields]  # type: ignore[union-attr]
+    casts = [field.cast_db_type(connection) for field in fields]  # type: ignore[union-attr]
+    values: list[str] = []
+    params: list[Any] = []
+    for order, (row, gated) in enumerate(zip(rows, needs_claim, strict=True)):
+        values.append(
+            "("
+            + ", ".join(
+                [f"{order}", *(f"%s::{cast}" for cast in casts), "TRUE" if gated else "FALSE"]
+            )
+            + ")"
+        )
+        for field in fields:
+            value = field.pre_save(row, add=True)  # type: ignore[union-attr]
+            params.append(field.get_db_prep_save(value, connection=connection))  # type: ignore[union-attr]
+    names = ", ".join(quote(column) for column in columns)
+    run_table, event_table = quote(Run._meta.db_table), quote(RunEvent._meta.db_table)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    message = ", ".join(
+        "jsonb_set(w.message, '{seq}', to_jsonb(n.last_seq - w.later))"
+        if column == "message"
+        else f"w.{quote(column)}"
+        for column in columns
+    )
+    sql = (
+        f"wanted AS (SELECT * FROM (VALUES {', '.join(values)}) "  # noqa: S608 (names only)
+        f"AS e(ord, {names}, needs_claim) "
+        "WHERE NOT e.needs_claim OR EXISTS (SELECT 1 FROM claimed)), "
+        f"numbered AS (INSERT INTO {run_table} (tenant_id, run_id, last_seq, created_at) "
+        "SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
+        "GROUP BY tenant_id, run_id ORDER BY tenant_id, run_id "
+        f"ON CONFLICT (tenant_id, run_id) DO UPDATE SET last_seq = {run_table}.last_seq "
+        "+ excluded.last_seq RETURNING tenant_id, run_id, last_seq), "
+        f"written AS (INSERT INTO {event_table} ({names}, seq) SELECT {message}, "
+        "n.last_seq - w.later FROM (SELECT *, count(*) OVER (PARTITION BY tenant_id, "
+        "run_id ORDER BY ord DESC) - 1 AS later FROM wanted) AS w JOIN numbered AS n "
+        "ON n.tenant_id = w.tenant_id AND n.run_id = w.run_id RETURNING 1)"
+    )
+    return sql, [*params, now]
+
+
+def _number(rows: list[RunEvent], written: list[bool], last: dict[tuple[int, str], int]) -> None:
+    """Give the written rows (and their messages) the numbers the statement gave them."""
+    after: dict[tuple[int, str], int] = {}
+    for row, kept in reversed(list(zip(rows, written, strict=True))):
+        if not kept:
+            continue
+        key = (row.tenant_id, row.run_id)
+        row.seq = last[key] - after.get(key, 0)
+        row.message["seq"] = row.seq
+        after[key] = after.get(key, 0) + 1
+        row._state.adding = False

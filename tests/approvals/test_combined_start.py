@@ -1,0 +1,202 @@
+"""On PostgreSQL a queued call's start (the earlier calls' ends, the claim, the record's
+start, the event numbers and the events) is one statement (apps.invocations.combined,
+issue 13 goal 6). It must write what the statements one by one write, lose a claim the
+same way, and lose nothing when it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import IntegrityError, connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.approvals import decisions, tasks
+from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.invocations import combined
+from apps.invocations.events import run_group
+from apps.invocations.models import InvocationRecord, Run, RunEvent
+from tests.approvals.support import TALLY, drain_queue, event_types, events, hold, record_of
+from tests.approvals.test_batches import approved
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="one statement on PostgreSQL only"
+    ),
+]
+
+RECORD_FIELDS = ("status", "ok", "result", "args", "request_hash", "error_code", "safe_message")
+
+
+def outcome(caller: Any, approvals: list[ApprovalRequest]) -> list[dict[str, Any]]:
+    """What a batch left behind, without ids and times."""
+    found = []
+    for approval in approvals:
+        approval.refresh_from_db()
+        record = record_of(approval)
+        seen = events(caller.tenant, approval.run_id)
+        found.append(
+            {
+                "approval": approval.status,
+                "record": {name: getattr(record, name) for name in RECORD_FIELDS},
+                "timed": record.started_at is not None and record.ended_at is not None,
+                "events": [
+                    {
+                        key: value
+                        for key, value in event.items()
+                        if key not in ("at", "invocationId", "approvalId", "durationMs")
+                    }
+                    for event in seen
+                ],
+                "stored": [
+                    (row.seq, row.type, row.message["seq"])
+                    for row in RunEvent.objects.filter(
+                        tenant=caller.tenant, run_id=approval.run_id
+                    ).order_by("seq")
+                ],
+                "counter": Run.objects.get(tenant=caller.tenant, run_id=approval.run_id).last_seq,
+            }
+        )
+    return found
+
+
+def test_one_statement_writes_what_the_statements_one_by_one_write(
+    caller, operator, tally, monkeypatch
+):
+    tokens = ["s0", "s1", "s2"]
+    combined_batch = approved(caller, operator, tally, *tokens)
+    with CaptureQueriesContext(connection) as sent:
+        tasks.run_approved_calls([str(a.pk) for a in combined_batch])
+    starts = [q["sql"] for q in sent.captured_queries if q["sql"].startswith("WITH claimed")]
+    assert len(starts) == 3  # one statement per call's start
+    # Events were numbered on their own only once: the last call's end, at the batch's end.
+    numbering = [
+        q for q in sent.captured_queries if q["sql"].startswith('INSERT INTO "invocations_run"')
+    ]
+    assert len(numbering) == 1
+
+    monkeypatch.setattr(combined, "available", lambda using="default": False)
+    one_by_one = approved(caller, operator, tally, *[f"{token}-x" for token in tokens])
+    tasks.run_approved_calls([str(a.pk) for a in one_by_one])
+
+    left = outcome(caller, combined_batch)
+    right = outcome(caller, one_by_one)
+    for entry in right:  # the same calls under other run ids and tokens
+        for event in entry["events"]:
+            event["runId"] = event["runId"].removesuffix("-x")
+            if "args" in event:
+                event["args"] = {**event["args"], "token": event["args"]["token"][:-2]}
+            if "result" in event and isinstance(event["result"], dict):
+                event["result"] = {
+                    key: value.removesuffix("-x") if isinstance(value, str) else value
+                    for key, value in event["result"].items()
+                }
+    for mine, theirs in zip(left, right, strict=True):
+        assert mine["approval"] == theirs["approval"] == ApprovalStatus.SUCCEEDED
+        assert mine["timed"] and theirs["timed"]
+        assert mine["stored"] == theirs["stored"]
+        assert mine["counter"] == theirs["counter"]
+        assert [e["type"] for e in mine["events"]] == [e["type"] for e in theirs["events"]]
+        assert [e["seq"] for e in mine["events"]] == [e["seq"] for e in theirs["events"]]
+        for name in ("status", "ok", "error_code", "safe_message"):
+            assert mine["record"][name] == theirs["record"][name]
+    assert [tally.count(token) for token in tokens] == [1, 1, 1]
+
+
+def test_calls_of_one_run_are_numbered_in_order_without_gaps(caller, operator, tally):
+    held = [
+        hold(caller, TALLY, args=tally.args(f"r{n}"), runId="run-together")[1] for n in range(4)
+    ]
+    drain_queue()
+    for approval in held:
+        decisions.decide(approval.pk, operator, "approve")
+    layer = get_channel_layer()
+    async_to_sync(layer.flush)()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(run_group(caller.tenant.pk, "run-together"), channel)
+
+    async def received() -> list[dict[str, Any]]:
+        messages = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
+        return messages
+
+    tasks.run_approved_calls([str(a.pk) for a in held])
+    seen = events(caller.tenant, "run-together")
+    # What subscribers were pushed is what was stored, numbers included, in that order.
+    pushed = [message["event"] for message in async_to_sync(received)()]
+    assert [(e["type"], e["seq"]) for e in pushed] == [
+        (e["type"], e["seq"]) for e in seen if e["type"].startswith("tool_call_")
+    ]
+    numbers = [event["seq"] for event in seen]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    calls = [e for e in seen if e["type"] in ("tool_call_start", "tool_call_result")]
+    assert [e["type"] for e in calls] == ["tool_call_start", "tool_call_result"] * 4
+    assert [e["toolCallId"] for e in calls] == [a.tool_call_id for a in held for _ in range(2)]
+    stored = RunEvent.objects.filter(tenant=caller.tenant, run_id="run-together")
+    assert all(row.message["seq"] == row.seq for row in stored)
+    last = Run.objects.get(tenant=caller.tenant, run_id="run-together").last_seq
+    assert last == numbers[-1]
+
+
+def test_a_lost_claim_writes_the_earlier_end_and_no_start(caller, operator, tally, monkeypatch):
+    """Call 2 is taken by someone else between its re-checks and its start: the statement
+    still closes call 1, writes nothing of call 2, and uses none of its run's numbers."""
+    first, second = approved(caller, operator, tally, "l0", "l1")
+    before = Run.objects.get(tenant=caller.tenant, run_id="run-l1").last_seq
+    waiting = record_of(second).status
+    real = combined.write
+
+    def write(updates, claim, claimed_updates, pending):  # type: ignore[no-untyped-def]
+        if claim.row.pk == second.pk:  # another worker claims it first
+            ApprovalRequest.objects.filter(pk=second.pk).update(status=ApprovalStatus.EXECUTING)
+        return real(updates, claim, claimed_updates, pending)
+
+    monkeypatch.setattr(combined, "write", write)
+    outcomes = tasks.run_approved_calls([str(first.pk), str(second.pk)])
+
+    assert outcomes[str(first.pk)] == ApprovalStatus.SUCCEEDED
+    assert outcomes[str(second.pk)] == ApprovalStatus.EXECUTING  # not this worker's
+    assert record_of(first).status == "succeeded" and record_of(first).ended_at is not None
+    assert event_types(caller.tenant, "run-l0").count("tool_call_result") == 1
+    assert tally.count("l1") == 0
+    untouched = record_of(second)
+    assert untouched.started_at is None and untouched.status == waiting
+    assert "tool_call_start" not in event_types(caller.tenant, "run-l1")
+    assert Run.objects.get(tenant=caller.tenant, run_id="run-l1").last_seq == before
+
+
+def test_a_failing_statement_loses_nothing(caller, operator, tally):
+    """The start of call 2 fails inside PostgreSQL (its event's number is taken): nothing
+    of the statement stays, call 1's end is written on its own, and call 2 stays approved
+    for a later worker."""
+    first, second = approved(caller, operator, tally, "e0", "e1")
+    waiting = record_of(second).status
+    taken = Run.objects.get(tenant=caller.tenant, run_id="run-e1").last_seq + 1
+    RunEvent.objects.create(
+        tenant=caller.tenant,
+        run_id="run-e1",
+        seq=taken,
+        type="squatter",
+        tool_call_id="x",
+        tool_id="x",
+        message={},
+        at=second.created_at,
+    )
+    with pytest.raises(IntegrityError):
+        tasks.run_approved_calls([str(first.pk), str(second.pk)])
+
+    assert record_of(first).status == "succeeded"
+    assert event_types(caller.tenant, "run-e0").count("tool_call_result") == 1
+    second.refresh_from_db()
+    assert second.status == ApprovalStatus.APPROVED and second.claimed_at is None
+    record = InvocationRecord.objects.get(pk=record_of(second).pk)
+    assert record.started_at is None and record.status == waiting
+    assert tally.count("e1") == 0
+    assert Run.objects.get(tenant=caller.tenant, run_id="run-e1").last_seq == taken - 1
