@@ -61,6 +61,42 @@ def test_threads_hand_pushes_over_in_order_without_waiting_for_them(
     assert received == list(range(1, 101))
 
 
+def test_pushes_handed_before_the_loop_takes_them_share_one_wake_up(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    """Each wake-up of the loop from another thread is a write to its self-pipe: pushes
+    handed while the loop is busy ride on the one already asked for, in their order."""
+    layer = InMemoryChannelLayer(capacity=1000)
+    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
+    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    outbox = events.Outbox(server_loop)
+    wake_ups = []
+    real = server_loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any) -> Any:
+        if callback == outbox._take_handed:
+            wake_ups.append(callback)
+        return real(callback, *args)
+
+    monkeypatch.setattr(server_loop, "call_soon_threadsafe", counted)
+    busy, release = threading.Event(), threading.Event()
+    real(lambda: (busy.set(), release.wait(5)))  # the loop is busy with something else
+    assert busy.wait(5)
+    for seq in range(1, 51):
+        outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": seq}})
+    release.set()
+    assert len(wake_ups) == 1
+
+    async def receive_all(count: int) -> list[int]:
+        return [(await layer.receive(channel))["event"]["seq"] for _ in range(count)]
+
+    received = asyncio.run_coroutine_threadsafe(receive_all(50), server_loop).result(10)
+    assert received == list(range(1, 51))
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 51}})  # taken: a new one
+    assert asyncio.run_coroutine_threadsafe(receive_all(1), server_loop).result(5) == [51]
+    assert len(wake_ups) == 2
+
+
 def test_a_failing_send_is_logged_and_the_next_ones_still_go(
     server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
