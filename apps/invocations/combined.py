@@ -13,6 +13,10 @@ of it):
 
 - the claim is a CTE; the start's UPDATE and the start's event apply only if it returned
   a row, so a lost claim (a cancel first, another worker first) writes the ends alone;
+- the claim also requires the authorization epoch to be the one the call's checks were
+  answered at. A worker checks a call at the epoch its previous statement answered
+  (no read of its own), so an edit committed since makes the claim miss, and the
+  runner checks the call again at the new epoch (an edit holds on the next call);
 - the runs' counters are raised by an upsert of the wanted events' count per run, in a
   fixed order (no deadlock between workers), and each event's number is its run's new
   last number minus the wanted events after it, written into its stored message too.
@@ -33,6 +37,7 @@ from django.utils import timezone
 from apps.invocations import events, statements
 from apps.invocations.events import Event, EventMessage
 from apps.invocations.models import Run, RunEvent
+from apps.tenants import epoch
 from apps.tenants.models import Tenant
 
 # The event columns a start's statement writes from VALUES, in this order (seq is numbered
@@ -54,14 +59,23 @@ def available(using: str = "default") -> bool:
     return connections[using].vendor == "postgresql"
 
 
+@dataclass
+class Started:
+    claimed: bool  # the claim applied: the start and its event were written
+    epoch: int | None  # the authorization epoch the statement saw (apps.tenants.epoch)
+
+
 def write(
     updates: list[tuple[Any, tuple[str, ...]]],
     claim: statements.Guarded,
     claimed_updates: list[tuple[Any, tuple[str, ...]]],
     pending: list[Pending],
-) -> bool | None:
+    at_epoch: int,
+) -> Started | None:
     """Send `updates`, the claim, `claimed_updates` (only if it applied) and the events of
-    `pending` as one statement; whether the claim applied. None, with nothing sent, when a
+    `pending` as one statement. The claim also requires the authorization epoch to still
+    be `at_epoch`, the one the call's checks were answered at: after an edit it does not
+    apply, and the answer's epoch differs (check again). None, with nothing sent, when a
     row has a field only Django's own update can write: use the statements one by one."""
     using = claim.row._state.db or "default"
     connection = connections[using]
@@ -72,8 +86,9 @@ def write(
     if built is None:
         claim.undo()
         return None
-    parts.append(f"claimed AS ({built[0]} RETURNING 1)")
-    params += built[1]
+    current = epoch.value_sql(using)
+    parts.append(f"claimed AS ({built[0]} AND {current} = %s RETURNING 1)")
+    params += [*built[1], at_epoch]
     for index, (row, fields) in enumerate([*updates, *claimed_updates]):
         built = statements.update_sql(row, fields)
         if built is None:
@@ -88,20 +103,19 @@ def write(
         parts.append(sql)
         params += event_params
     numbered = "numbered" if rows else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
+    parts_sql = ", ".join(parts)
+    answer_sql = (
+        f"SELECT (SELECT count(*) FROM claimed), {current}, n.tenant_id, n.run_id, "  # noqa: S608
+        f"n.last_seq FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, "
+        "last_seq) ON true"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            "WITH "  # noqa: S608 (names and placeholders only)
-            + ", ".join(parts)
-            + " SELECT (SELECT count(*) FROM claimed), n.tenant_id, n.run_id, n.last_seq "
-            + f"FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, last_seq) "
-            + "ON true",
-            params,
-        )
+        cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
         answer = cursor.fetchall()
-    claimed = bool(answer[0][0])
+    claimed, seen = bool(answer[0][0]), answer[0][1]
     if not claimed:
         claim.undo()
-    last = {(int(t), str(r)): int(s) for _, t, r, s in answer if t is not None}
+    last = {(int(t), str(r)): int(s) for _, _, t, r, s in answer if t is not None}
     _number(rows, [not item.needs_claim or claimed for item in pending], last)
     batches: list[tuple[Tenant, str, list[Event]]] = []
     messages: list[list[EventMessage]] = []
@@ -110,7 +124,7 @@ def write(
             batches.append((item.tenant, item.run_id, [item.event]))
             messages.append([row.message])
     events.push_after_commit(batches, messages)
-    return claimed
+    return Started(claimed, None if seen is None else int(seen))
 
 
 def _events_sql(

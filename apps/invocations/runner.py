@@ -178,16 +178,20 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
 # ---------------------------------------------------------------- entry point
 
 
-def check_call(call: Call) -> None:
+def check_call(call: Call, known_epoch: int | None = None) -> int:
     """Steps 1-6, the checks every call passes before it may run (or be held), and
-    that an approved call passes again before it runs; a failure raises Refusal."""
-    with epoch.pinned():  # steps 1-4 ask caches: one read of the epoch for all of them
+    that an approved call passes again before it runs; a failure raises Refusal. Answers
+    the authorization epoch the checks were answered at: `known_epoch` if given (see
+    epoch.pinned), else the one read now."""
+    with epoch.pinned(known_epoch):  # steps 1-4 ask caches: one epoch for all of them
         lookup_tool(call)
         check_policy(call)
         check_permission(call)
         check_connection(call)
+        checked_at = epoch.current()
     validate_args(call)
     apply_rules(call)
+    return checked_at
 
 
 @dataclass(frozen=True)
@@ -379,6 +383,9 @@ class Closing:
 
     def __init__(self) -> None:
         self._ends: list[InvocationRecord] = []
+        # The authorization epoch the last start's statement saw (PostgreSQL): the next
+        # call is checked at it, with no read of its own (apps.invocations.combined).
+        self.epoch: int | None = None
 
     def add(self, record: InvocationRecord) -> None:
         self._ends.append(record)
@@ -392,14 +399,12 @@ class Closing:
         ends = list(self._ends)
         for record in ends:
             _write_end(record)
-        self.written(ends)
-
-    def written(self, ends: list[InvocationRecord]) -> None:
-        """These ends were written in the caller's transaction (or, outside one, now)."""
         if ends:
-            transaction.on_commit(lambda: self._done(ends))
+            transaction.on_commit(lambda: self.done(ends))
 
-    def _done(self, ends: list[InvocationRecord]) -> None:
+    def done(self, ends: list[InvocationRecord]) -> None:
+        """These ends are written (a statement that committed, or is part of the caller's
+        transaction)."""
         self._ends = [end for end in self._ends if all(end is not other for other in ends)]
 
     def flush(self) -> None:
@@ -424,45 +429,84 @@ def resume(
     written and None is returned. `on_linger` is called if the tool runs past QUICK_S.
     With `closing`, the ends of earlier calls are written in the transaction that starts
     this one (with their events, in one insert), and this call's end is left to the next
-    one (Closing)."""
-    call = _call_for(approval, args=approval.args)
-    call.on_linger = on_linger
-    try:
-        check_call(call)
-        if call.request_hash != approval.bound_hash:
-            raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
-    except Refusal as refusal:
-        with transaction.atomic(), events.gathered():
-            if closing is not None:
-                closing.write()
-            return record_refusal(call, refusal) if claim is None or claim() else None
-    if closing is not None and isinstance(claim, statements.Guarded) and combined.available():
-        claimed = _start_combined(call, claim, closing)
-    else:
-        claimed = None
-    if claimed is None:  # the statements one by one
-        with transaction.atomic(), events.gathered():
-            if closing is not None:
-                closing.write()
-            if claim is not None and not claim():
-                return None
-            record_start(call)
-    elif not claimed:
-        return None
+    one (Closing).
+
+    On PostgreSQL, with a Closing and a Guarded claim, that transaction is one statement
+    (apps.invocations.combined) and the checks use the epoch the previous one saw."""
+    # On PostgreSQL, the start is one statement (apps.invocations.combined), and the
+    # checks are answered at the epoch the previous one saw; an edit since then makes
+    # the claim miss, and the call is checked again at the new epoch (an edit holds on
+    # the next call). After EPOCH_ATTEMPTS such misses the statements go one by one.
+    one_statement = (
+        closing is not None and isinstance(claim, statements.Guarded) and combined.available()
+    )
+    attempts = 0
+    ends: list[InvocationRecord] | None = None  # None: the closing's, not written yet
+    while True:
+        attempts += 1
+        one_statement = one_statement and attempts <= EPOCH_ATTEMPTS
+        known = closing.epoch if one_statement and closing is not None else None
+        call = _call_for(approval, args=approval.args)
+        call.on_linger = on_linger
+        try:
+            checked_at = check_call(call, known)
+            if call.request_hash != approval.bound_hash:
+                raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
+        except Refusal as refusal:
+            if known is not None and closing is not None and epoch.read() != known:
+                closing.epoch = None  # refused at an older epoch: check again at today's
+                continue
+            with transaction.atomic(), events.gathered():
+                if closing is not None:
+                    closing.write()
+                return record_refusal(call, refusal) if claim is None or claim() else None
+        if not one_statement:
+            break
+        assert closing is not None and isinstance(claim, statements.Guarded)
+        started = _start_combined(call, claim, closing, checked_at, ends)
+        if started is None:  # a row only Django's own update can write
+            one_statement, closing.epoch = False, None
+            continue
+        closing.epoch = started.epoch
+        if started.claimed:
+            call.closing = closing
+            return run_started(call)
+        ends = []  # written by that statement
+        if started.epoch == checked_at:
+            return None  # lost: another worker has the call, or it was cancelled
+    with transaction.atomic(), events.gathered():
+        if closing is not None:
+            closing.write()
+        if claim is not None and not claim():
+            return None
+        record_start(call)
     call.closing = closing
     return run_started(call)
 
 
-def _start_combined(call: Call, claim: statements.Guarded, closing: Closing) -> bool | None:
-    """record_start for a held call, with the claim and the earlier calls' ends, as one
-    statement (apps.invocations.combined, PostgreSQL); None if it cannot be sent so."""
+# How many times a call whose claim missed because of an edit (the epoch moved) is checked
+# again and started in one statement, before its start goes statement by statement.
+EPOCH_ATTEMPTS = 3
+
+
+def _start_combined(
+    call: Call,
+    claim: statements.Guarded,
+    closing: Closing,
+    checked_at: int,
+    ends: list[InvocationRecord] | None,
+) -> combined.Started | None:
+    """record_start for a held call, with the claim and the earlier calls' ends (`ends`,
+    or the closing's), as one statement (apps.invocations.combined, PostgreSQL); None if
+    it cannot be sent so."""
     assert call.record is not None
     now = timezone.now()
     record = call.record
     before = {name: getattr(record, name) for name in STARTING_FIELDS}
     record.status, record.started_at = Status.RUNNING, now
     record.args, record.request_hash = call.redacted_args(), call.request_hash
-    ends = closing.pending()
+    if ends is None:
+        ends = closing.pending()
     pending = [
         combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False)
         for end in ends
@@ -471,21 +515,25 @@ def _start_combined(call: Call, claim: statements.Guarded, closing: Closing) -> 
         combined.Pending(call.caller.tenant, call.run_id, _start_event(call, now), needs_claim=True)
     )
     try:
-        claimed = combined.write(
-            [(end, CLOSING_FIELDS) for end in ends], claim, [(record, STARTING_FIELDS)], pending
+        started = combined.write(
+            [(end, CLOSING_FIELDS) for end in ends],
+            claim,
+            [(record, STARTING_FIELDS)],
+            pending,
+            checked_at,
         )
     except BaseException:
         for name, value in before.items():
             setattr(record, name, value)
         raise
-    if claimed is None or not claimed:
+    if started is None or not started.claimed:
         for name, value in before.items():
             setattr(record, name, value)
-    if claimed is not None:
-        closing.written(ends)
+    if started is not None:
+        closing.done(ends)
         for end in ends:
             transaction.on_commit(partial(_log, end))
-    return claimed
+    return started
 
 
 def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:

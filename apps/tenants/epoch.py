@@ -46,22 +46,31 @@ def _new_value() -> int:
 _select: dict[str, str] = {}  # the read's SQL per database alias, built once
 
 
-def _read_value(using: str = "default") -> int | None:
-    """One SELECT whose text is built once: every request and every queued call reads the
-    epoch, and compiling the ORM's query each time was a measurable part of it (issue 13)."""
-    connection = connections[using]
+def _select_sql(using: str) -> str:
     sql = _select.get(using)
     if sql is None:
         model = apps.get_model("tenants", "AuthzEpoch")
-        quote = connection.ops.quote_name
+        quote = connections[using].ops.quote_name
         sql = _select[using] = (
             f"SELECT {quote('value')} FROM {quote(model._meta.db_table)} "  # noqa: S608
-            f"WHERE {quote('id')} = %s"
+            f"WHERE {quote('id')} = {ROW}"
         )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [ROW])
+    return sql
+
+
+def _read_value(using: str = "default") -> int | None:
+    """One SELECT whose text is built once: every request and every queued call reads the
+    epoch, and compiling the ORM's query each time was a measurable part of it (issue 13)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_select_sql(using))
         row = cursor.fetchone()
     return None if row is None else int(row[0])
+
+
+def value_sql(using: str = "default") -> str:
+    """The epoch as a scalar subquery (NULL without its row): a statement that must apply
+    only at the epoch its checks were answered at compares it (apps.invocations.combined)."""
+    return f"({_select_sql(using)})"
 
 
 def read() -> int:
@@ -93,13 +102,18 @@ _pinned: ContextVar[list[int | None] | None] = ContextVar("toolhub_epoch", defau
 
 
 @contextmanager
-def pinned() -> Iterator[None]:
+def pinned(known: int | None = None) -> Iterator[None]:
     """Within this block the epoch is read at most once (unless the block itself bumps
-    it): one request, or one call's checks. Nested blocks share the outer one's read."""
+    it): one request, or one call's checks. Nested blocks share the outer one's read.
+
+    `known`: a value the caller read before (a worker's previous statement answered it),
+    used instead of a read. The answers may then be older than the epoch now, so what the
+    block decides must be written only where the epoch is still `known`
+    (`value_sql()`), and decided again otherwise."""
     if _pinned.get() is not None:
         yield
         return
-    token = _pinned.set([None])
+    token = _pinned.set([known])
     try:
         yield
     finally:

@@ -83,10 +83,10 @@ def test_a_cancel_that_lands_after_the_batch_is_claimed_but_before_its_call_is_w
     assert len(batch) == 3
     checks = runner.check_call
 
-    def cancel_the_second_meanwhile(call: runner.Call) -> None:
+    def cancel_the_second_meanwhile(call: runner.Call, *known: int | None) -> int:
         if call.run_id == "run-c0":
             decisions.cancel(second.pk, by="the agent", user=None)
-        checks(call)
+        return checks(call, *known)
 
     monkeypatch.setattr(runner, "check_call", cancel_the_second_meanwhile)
 
@@ -190,10 +190,10 @@ def test_a_worker_asked_to_stop_finishes_its_call_and_puts_the_rest_of_its_batch
     seen: list[bool] = []
     checks = runner.check_call
 
-    def asked_to_stop_meanwhile(call: runner.Call) -> None:
+    def asked_to_stop_meanwhile(call: runner.Call, *known: int | None) -> int:
         seen.append(stopping.running_task)
         stopping.running = False  # what shutdown() does while a task runs
-        checks(call)
+        return checks(call, *known)
 
     monkeypatch.setattr(runner, "check_call", asked_to_stop_meanwhile)
 

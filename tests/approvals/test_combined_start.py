@@ -153,10 +153,10 @@ def test_a_lost_claim_writes_the_earlier_end_and_no_start(caller, operator, tall
     waiting = record_of(second).status
     real = combined.write
 
-    def write(updates, claim, claimed_updates, pending):  # type: ignore[no-untyped-def]
+    def write(updates, claim, claimed_updates, pending, at_epoch):
         if claim.row.pk == second.pk:  # another worker claims it first
             ApprovalRequest.objects.filter(pk=second.pk).update(status=ApprovalStatus.EXECUTING)
-        return real(updates, claim, claimed_updates, pending)
+        return real(updates, claim, claimed_updates, pending, at_epoch)
 
     monkeypatch.setattr(combined, "write", write)
     outcomes = tasks.run_approved_calls([str(first.pk), str(second.pk)])
@@ -200,3 +200,44 @@ def test_a_failing_statement_loses_nothing(caller, operator, tally):
     assert record.started_at is None and record.status == waiting
     assert tally.count("e1") == 0
     assert Run.objects.get(tenant=caller.tenant, run_id="run-e1").last_seq == taken - 1
+
+
+def test_a_batch_reads_the_epoch_once_and_checks_each_later_call_at_the_one_its_start_saw(
+    caller, operator, tally
+):
+    held = approved(caller, operator, tally, "p0", "p1", "p2")
+    with CaptureQueriesContext(connection) as sent:
+        outcomes = tasks.run_approved_calls([str(a.pk) for a in held])
+    assert set(outcomes.values()) == {ApprovalStatus.SUCCEEDED}
+    reads = [q for q in sent.captured_queries if q["sql"].startswith('SELECT "value" FROM')]
+    assert len(reads) == 1  # the first call's; the others use their predecessor's answer
+
+
+def test_an_edit_committed_after_a_start_holds_on_the_next_call(
+    caller, operator, tally, monkeypatch
+):
+    """Call 2 is checked at the epoch call 1's statement saw, with the tool still enabled
+    in the cache; the tool is disabled in between. The claim must miss on the epoch, and
+    call 2 be checked again, refused, and never run."""
+    from apps.tools.models import Tool
+
+    first, second = approved(caller, operator, tally, "q0", "q1")
+    real = combined.write
+    answers: list[tuple[str, bool]] = []
+
+    def write(updates, claim, claimed_updates, pending, at_epoch):
+        started = real(updates, claim, claimed_updates, pending, at_epoch)
+        answers.append((str(claim.row.pk), started.claimed))
+        if claim.row.pk == first.pk:  # an admin, in another process, right after
+            Tool.objects.filter(pk=TALLY).update(enabled=False)
+        return started
+
+    monkeypatch.setattr(combined, "write", write)
+    outcomes = tasks.run_approved_calls([str(first.pk), str(second.pk)])
+
+    assert answers == [(str(first.pk), True), (str(second.pk), False)]
+    assert outcomes[str(first.pk)] == ApprovalStatus.SUCCEEDED
+    assert tally.count("q0") == 1 and tally.count("q1") == 0
+    refused = record_of(second)
+    assert refused.status == "failed" and refused.error_code == "unavailable"
+    assert "disabled" in refused.safe_message

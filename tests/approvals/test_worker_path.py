@@ -41,9 +41,10 @@ def test_a_call_cancelled_while_its_worker_rechecks_it_never_runs(
     decisions.decide(approval.pk, operator, "approve")
     checks = runner.check_call
 
-    def cancelled_meanwhile(call: runner.Call) -> None:
-        checks(call)
+    def cancelled_meanwhile(call: runner.Call, *known: int | None) -> int:
+        checked_at = checks(call, *known)
         decisions.cancel(approval.pk, by="the agent", user=None)
+        return checked_at
 
     monkeypatch.setattr(runner, "check_call", cancelled_meanwhile)
 

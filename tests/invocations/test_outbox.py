@@ -80,7 +80,12 @@ def test_pushes_handed_before_the_loop_takes_them_share_one_wake_up(
 
     monkeypatch.setattr(server_loop, "call_soon_threadsafe", counted)
     busy, release = threading.Event(), threading.Event()
-    real(lambda: (busy.set(), release.wait(5)))  # the loop is busy with something else
+
+    def occupied() -> None:
+        busy.set()
+        release.wait(5)
+
+    real(occupied)  # the loop is busy with something else
     assert busy.wait(5)
     for seq in range(1, 51):
         outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": seq}})
