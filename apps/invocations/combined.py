@@ -109,9 +109,13 @@ def write(
         f"n.last_seq FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, "
         "last_seq) ON true"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
-        answer = cursor.fetchall()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
+            answer = cursor.fetchall()
+    except BaseException:  # nothing was written: the row as it was
+        claim.undo()
+        raise
     claimed, seen = bool(answer[0][0]), answer[0][1]
     if not claimed:
         claim.undo()
