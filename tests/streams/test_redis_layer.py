@@ -22,6 +22,7 @@ from tests.support.redis import redis_server
 from toolhub.layers import RedisLayer
 
 KINDS = [RedisChannelLayer, RedisLayer]
+each_layer = pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ async def nothing_for(layer_obj: Any, channel: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+@each_layer
 def test_a_group_message_reaches_every_member_once(
     kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
 ) -> None:
@@ -76,7 +77,7 @@ def test_a_group_message_reaches_every_member_once(
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+@each_layer
 def test_a_group_nobody_follows_takes_the_message_and_stores_nothing(
     kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
 ) -> None:
@@ -89,7 +90,7 @@ def test_a_group_nobody_follows_takes_the_message_and_stores_nothing(
     assert raw.keys("*") == []
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+@each_layer
 def test_a_full_channel_refuses_a_send_and_misses_a_group_message_others_get(
     kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis, caplog: Any
 ) -> None:
@@ -112,7 +113,7 @@ def test_a_full_channel_refuses_a_send_and_misses_a_group_message_others_get(
     assert "1 of 2 channels over capacity in group run-b" in caplog.text
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
+@each_layer
 def test_expired_messages_leave_room_and_expired_members_leave_the_group(
     kind: type[RedisChannelLayer], redis_url: str, raw: redis.Redis
 ) -> None:
