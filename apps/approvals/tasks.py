@@ -21,6 +21,7 @@ from apps.approvals import wake  # noqa: F401  (wakes workers on every enqueue)
 
 if TYPE_CHECKING:
     from apps.approvals.models import ApprovalRequest
+    from apps.invocations import statements
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def run_approved_calls(
     return outcomes
 
 
-def _claimer(approval: ApprovalRequest) -> Callable[[], bool]:
+def _claimer(approval: ApprovalRequest) -> statements.Guarded:
     """approved -> executing, in the transaction that records the call's start: of two
     workers holding entries for one call, exactly one gets it; a cancel that came first
     wins. A statement built once (issue 13), which PostgreSQL sends inside the start's

@@ -503,8 +503,7 @@ def _start_combined(
     now = timezone.now()
     record = call.record
     before = {name: getattr(record, name) for name in STARTING_FIELDS}
-    record.status, record.started_at = Status.RUNNING, now
-    record.args, record.request_hash = call.redacted_args(), call.request_hash
+    _mark_started(call, now)
     if ends is None:
         ends = closing.pending()
     pending = [
@@ -514,6 +513,7 @@ def _start_combined(
     pending.append(
         combined.Pending(call.caller.tenant, call.run_id, _start_event(call, now), needs_claim=True)
     )
+    started = None
     try:
         started = combined.write(
             [(end, CLOSING_FIELDS) for end in ends],
@@ -522,13 +522,10 @@ def _start_combined(
             pending,
             checked_at,
         )
-    except BaseException:
-        for name, value in before.items():
-            setattr(record, name, value)
-        raise
-    if started is None or not started.claimed:
-        for name, value in before.items():
-            setattr(record, name, value)
+    finally:
+        if started is None or not started.claimed:  # not started: the record as it was
+            for name, value in before.items():
+                setattr(record, name, value)
     if started is not None:
         closing.done(ends)
         for end in ends:
@@ -841,10 +838,7 @@ def record_start(call: Call) -> InvocationRecord | None:
     assert call.tool is not None
     now = call.started_at or timezone.now()  # a quick call that outran QUICK_S: its start
     if call.record is not None:  # a held call, now approved (perhaps with edited args)
-        call.record.status = Status.RUNNING
-        call.record.started_at = now
-        call.record.args = call.redacted_args()
-        call.record.request_hash = call.request_hash
+        _mark_started(call, now)
         # A running record always has its start event. Inside resume's transaction (the
         # claim's) no savepoint of its own: a failure rolls the claim back with it.
         with transaction.atomic(savepoint=False):
@@ -866,6 +860,15 @@ def record_start(call: Call) -> InvocationRecord | None:
         call.record = None
         return _idempotency_winner(call)
     return None
+
+
+def _mark_started(call: Call, now: datetime) -> None:
+    """A held call's record as its start writes it (STARTING_FIELDS)."""
+    assert call.record is not None
+    call.record.status = Status.RUNNING
+    call.record.started_at = now
+    call.record.args = call.redacted_args()
+    call.record.request_hash = call.request_hash
 
 
 def bind_capabilities(call: Call) -> Capabilities:
