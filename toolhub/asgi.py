@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -10,6 +11,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from toolhub.daphne_frames import install_daphne_frames  # noqa: E402
 from toolhub.limits import (  # noqa: E402
     ASGIApp,
     BodyLimitMiddleware,
@@ -26,6 +28,8 @@ from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
 
 # Refuse oversized bodies as they arrive, before Daphne stores them (toolhub/limits.py).
 install_daphne_body_limit()
+# Frame an event's text once for all the sockets a feed hands it to (toolhub/daphne_frames.py).
+install_daphne_frames()
 
 if settings.TOOLHUB_EMBEDDED_WORKER:
     from apps.approvals.worker import start_embedded
@@ -54,3 +58,9 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# What import and set-up built (about 200,000 objects: modules, URLconf, settings, apps)
+# lives as long as the server. Left to the collector, each full collection walks all of it
+# again (about 130 ms on the reference machine, every connected client's stream waiting);
+# frozen, it is never walked. Objects made from here on are collected as usual.
+gc.freeze()

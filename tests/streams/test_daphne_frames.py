@@ -1,0 +1,123 @@
+"""Daphne frames a text once for every socket it goes to (toolhub/daphne_frames.py).
+
+The frames are checked with another WebSocket implementation's parser (the `websockets`
+client's) for each header length, and end to end: streams of one run on a real Daphne
+receive byte-identical texts, live and replayed. (An event is at most about 41 kB, the
+argument and result limits, so the 10-byte header is only reached by the parser test.)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
+from websockets.sync.client import ClientConnection
+
+from tests.conftest import allow
+from tests.streams.conftest import EVENT_TIMEOUT, KeyClient, nothing_arrives, open_ws
+from toolhub.daphne_frames import FrameCache, text_frame
+
+
+def parsed(frame: bytes) -> Frame:
+    """The frame as a client reads it (a client refuses a masked frame from a server)."""
+    reader = StreamReader()
+    reader.feed_data(frame)
+    reader.feed_eof()
+    parser = Frame.parse(reader.read_exact, mask=False)
+    try:
+        next(parser)
+    except StopIteration as done:
+        assert reader.at_eof(), "bytes left over after the frame"
+        return done.value
+    raise AssertionError("the frame is incomplete")
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_a_frame_reads_back_as_one_final_text_frame_of_the_text(size):
+    text = ("é✓🙂x" * size)[:size]
+    frame = parsed(text_frame(text.encode()))
+    assert frame.opcode == Opcode.TEXT and frame.fin
+    assert not (frame.rsv1 or frame.rsv2 or frame.rsv3)
+    assert frame.data.decode() == text
+
+
+def test_the_same_text_is_framed_once():
+    cache = FrameCache()
+    text = json.dumps({"seq": 1, "type": "tool_call_result"})
+    first = cache.frame(text)
+    assert cache.frame(text) is first
+    assert cache.frame("".join([text[:5], text[5:]])) is first  # an equal text, another object
+
+
+def test_the_cache_keeps_the_most_recent_frames_within_its_count():
+    cache = FrameCache(max_frames=3, max_bytes=1 << 20)
+    texts = [f"event {n}" for n in range(5)]
+    for text in texts:
+        cache.frame(text)
+    assert list(cache.frames) == texts[2:]
+    assert cache.size == sum(len(frame) for frame in cache.frames.values())
+
+
+def test_the_cache_keeps_the_most_recent_frames_within_its_bytes():
+    cache = FrameCache(max_frames=100, max_bytes=1000)
+    for n in range(4):
+        cache.frame(str(n) * 300)  # 304 bytes framed (a 4-byte header)
+    assert list(cache.frames) == ["1" * 300, "2" * 300, "3" * 300]
+    assert cache.size == 912
+
+
+def test_a_text_larger_than_the_whole_cache_is_framed_but_not_kept():
+    cache = FrameCache(max_frames=10, max_bytes=1000)
+    cache.frame("kept")
+    big = "b" * 5000
+    assert parsed(cache.frame(big)).data.decode() == big
+    assert list(cache.frames) == ["kept"]
+
+
+# ---------------------------------------------------------------- through a real Daphne
+
+
+def texts(ws: ClientConnection, count: int) -> list[str]:
+    """The next `count` messages exactly as they arrived."""
+    received = []
+    for _ in range(count):
+        message = ws.recv(timeout=EVENT_TIMEOUT)
+        assert isinstance(message, str), "an event arrived as a binary frame"
+        received.append(message)
+    return received
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.server
+def test_every_stream_of_a_run_receives_the_same_texts_live_and_replayed(server, acme):
+    """Events from about 0.3 kB to 30 kB, of ASCII and escaped text."""
+    allow(acme.tenant, "test__big_output")
+    client = KeyClient(server, acme.key)
+    headers = {"Authorization": f"Bearer {acme.key}"}
+    sent = ["short", "é✓🙂 " * 250]
+    path = "/ws/v1/runs/run-frames/"
+    with open_ws(server, path, headers) as first, open_ws(server, path, headers) as second:
+        nothing_arrives(first, 0.3)
+        for n, text in enumerate(sent):
+            client.invoke(
+                "test__echo", args={"text": text}, runId="run-frames", toolCallId=f"frames-{n}"
+            )
+        client.invoke(
+            "test__big_output", args={"size": 30000}, runId="run-frames", toolCallId="frames-big"
+        )
+        live = texts(first, 6)
+        assert texts(second, 6) == live
+        nothing_arrives(first)
+    with open_ws(server, path + "?after=0", headers) as late:
+        assert texts(late, 6) == live  # replayed: encoded again from the database
+
+    events: list[dict[str, Any]] = [json.loads(text) for text in live]
+    assert [event["seq"] for event in events] == [1, 2, 3, 4, 5, 6]
+    assert [event["type"] for event in events] == ["tool_call_start", "tool_call_result"] * 3
+    assert all(event["ok"] for event in events[1::2]), events[1::2]
+    assert [event["args"]["text"] for event in events[0:4:2]] == sent
+    assert [event["result"]["text"] for event in events[1:4:2]] == sent
+    assert events[5]["result"] == {"blob": "x" * 30000}

@@ -1,0 +1,105 @@
+"""Daphne's WebSocket protocol, framing a text once for every socket it goes to.
+
+A run's feed hands the *same* text to every stream of the run in this process
+(apps/invocations/fanout.py); each stream sends it as a standard ASGI
+`websocket.send`. Daphne then encodes the text, builds the frame and copies it once per
+socket. A server's frames are never masked (RFC 6455, 5.1), so the bytes are the same on
+every socket: `FramingWebSocketProtocol` takes them from its factory's small cache of
+recent frames and writes them as they are. This is what autobahn's prepared messages are
+for (`prepareMessage`, "for Broadcast/PubSub"); the frame is built the same way.
+
+Anything the plain path would treat differently goes the plain path: a binary message,
+a socket not open, per-message compression, fragmentation, autobahn's own send queue or
+frame logging, a message over the payload limit (which raises there, as before).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autobahn.websocket.protocol import PreparedMessage
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+
+# The cache keeps the most recent texts' frames within both bounds; a text over
+# MAX_CACHED_BYTES is framed for its socket alone (as Daphne would).
+MAX_CACHED_FRAMES = 64
+MAX_CACHED_BYTES = 8 * 1024 * 1024
+
+
+class FrameCache:
+    """Recent texts and their frames, oldest first, within a count and a byte budget."""
+
+    def __init__(self, max_frames: int = MAX_CACHED_FRAMES, max_bytes: int = MAX_CACHED_BYTES):
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.frames: dict[str, bytes] = {}
+        self.size = 0
+
+    def frame(self, text: str) -> bytes:
+        frame = self.frames.get(text)
+        if frame is not None:
+            return frame
+        frame = text_frame(text.encode())
+        if len(frame) <= self.max_bytes:
+            self.frames[text] = frame
+            self.size += len(frame)
+            while self.size > self.max_bytes or len(self.frames) > self.max_frames:
+                self.size -= len(self.frames.pop(next(iter(self.frames))))
+        return frame
+
+
+def text_frame(payload: bytes) -> bytes:
+    """One unmasked, unfragmented, uncompressed text frame (a server's frame)."""
+    return PreparedMessage(payload, isBinary=False, applyMask=False, doNotCompress=True).payloadHybi
+
+
+class FramingWebSocketProtocol(WebSocketProtocol):
+    factory: FramingWebSocketFactory
+
+    def serverSend(self, content: Any, binary: bool = False) -> None:
+        if binary or not self._plain_text_frames():
+            super().serverSend(content, binary)
+            return
+        frame = self.factory.frames.frame(content)
+        payload_len = len(frame) - _header_len(frame)
+        if 0 < self.maxMessagePayloadSize < payload_len:
+            super().serverSend(content, binary)  # raises PayloadExceededError, as before
+            return
+        self.transport.write(frame)
+        stats = self.trafficStats
+        stats.outgoingWebSocketMessages += 1
+        stats.outgoingWebSocketFrames += 1
+        stats.outgoingOctetsAppLevel += payload_len
+        stats.outgoingOctetsWebSocketLevel += payload_len
+        stats.outgoingOctetsWireLevel += len(frame)
+
+    def _plain_text_frames(self) -> bool:
+        """Whether a text message goes out as one plain frame written straight away."""
+        return (
+            self.state == self.STATE_OPEN
+            and self._perMessageCompress is None
+            and not self.autoFragmentSize
+            and not self.send_queue
+            and not self.logFrames
+            and not self.logOctets
+            and not self.trackedTimings
+        )
+
+
+def _header_len(frame: bytes) -> int:
+    length = frame[1] & 0x7F
+    return 2 if length < 126 else 4 if length == 126 else 10
+
+
+class FramingWebSocketFactory(WebSocketFactory):
+    protocol = FramingWebSocketProtocol
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.frames = FrameCache()
+
+
+def install_daphne_frames() -> None:
+    """Make Daphne's server build `FramingWebSocketProtocol`s (idempotent)."""
+    from daphne import server
+
+    server.WebSocketFactory = FramingWebSocketFactory
