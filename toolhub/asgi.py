@@ -1,6 +1,5 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels."""
 
-import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -21,6 +20,7 @@ from toolhub.limits import (  # noqa: E402
     install_daphne_body_limit,
 )
 from toolhub.routing import http_router, websocket_urlpatterns  # noqa: E402
+from toolhub.startup import freeze_start_up  # noqa: E402
 from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
     AllowedHostsBrowserOriginValidator,
     WebSocketAuthStack,
@@ -59,8 +59,5 @@ application = ProtocolTypeRouter(
     }
 )
 
-# What import and set-up built (about 200,000 objects: modules, URLconf, settings, apps)
-# lives as long as the server. Left to the collector, each full collection walks all of it
-# again (about 130 ms on the reference machine, every connected client's stream waiting);
-# frozen, it is never walked. Objects made from here on are collected as usual.
-gc.freeze()
+# What import and set-up built lives as long as the server: no full collection walks it.
+freeze_start_up()

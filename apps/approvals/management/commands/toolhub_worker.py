@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from apps.approvals.worker import POLL_EVERY_S, Sweeper, build_worker, start_push_loop
+from toolhub.startup import freeze_start_up
 
 
 class Command(BaseCommand):
@@ -30,10 +30,8 @@ class Command(BaseCommand):
             options["worker_id"], interval=options["interval"], batch=options["batch"]
         )
         worker.configure_signals()
-        # As toolhub.asgi does for the server: what start-up built (about 200,000 objects)
-        # lives as long as the worker, so no full collection walks it again. In
-        # bench/decision.py each such walk took 90-180 ms of a worker's time.
-        gc.freeze()
+        # What start-up built lives as long as the worker: no full collection walks it.
+        freeze_start_up()
         start_push_loop()
         sweeper = Sweeper()
         sweeper.start()
