@@ -1,7 +1,9 @@
 """Daphne frames a text once for every socket it goes to (toolhub/daphne_frames.py).
 
 The frames are checked with another WebSocket implementation's parser (the `websockets`
-client's) for each header length, and end to end: streams of one run on a real Daphne
+client's) for each header length; against Daphne's own protocol on an in-memory transport
+(the same bytes on the wire, the same traffic counts, the same refusals, the same order
+behind autobahn's send queue); and end to end: streams of one run on a real Daphne
 receive byte-identical texts, live and replayed. (An event is at most about 41 kB, the
 argument and result limits, so the 10-byte header is only reached by the parser test.)
 """
@@ -12,13 +14,16 @@ import json
 from typing import Any
 
 import pytest
+from autobahn.exception import Disconnected, PayloadExceededError
+from daphne.ws_protocol import WebSocketFactory
+from twisted.internet.testing import StringTransport
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 from websockets.sync.client import ClientConnection
 
 from tests.conftest import allow
 from tests.streams.conftest import EVENT_TIMEOUT, KeyClient, nothing_arrives, open_ws
-from toolhub.daphne_frames import FrameCache, text_frame
+from toolhub.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame
 
 
 def parsed(frame: bytes) -> Frame:
@@ -75,6 +80,73 @@ def test_a_text_larger_than_the_whole_cache_is_framed_but_not_kept():
     big = "b" * 5000
     assert parsed(cache.frame(big)).data.decode() == big
     assert list(cache.frames) == ["kept"]
+
+
+# ---------------------------------------------------------------- against Daphne's own protocol
+
+
+def opened(factory_class: type[WebSocketFactory]) -> tuple[Any, StringTransport]:
+    """A protocol of the factory on an in-memory transport, past its handshake."""
+    protocol = factory_class(None, server="toolhub-test").buildProtocol(None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.state = protocol.STATE_OPEN  # what a completed handshake leaves
+    protocol.client_addr = ["127.0.0.1", 50000]
+    return protocol, transport
+
+
+SENDS: list[tuple[Any, bool]] = [
+    ("short", False),
+    ("é✓🙂" * 40, False),  # 126..65535 bytes: a 2-byte length
+    ("short", False),  # the same text again: from the cache
+    (b"\x00\x01binary", True),  # binary: Daphne's own path
+    ("x" * 70000, False),  # over 65535 bytes: an 8-byte length
+]
+
+
+def test_it_writes_exactly_what_daphne_writes_and_counts_the_same_traffic():
+    framing, framing_wire = opened(FramingWebSocketFactory)
+    plain, plain_wire = opened(WebSocketFactory)
+    for content, binary in SENDS:
+        framing.serverSend(content, binary)
+        plain.serverSend(content, binary)
+        assert framing_wire.value() == plain_wire.value()
+    assert vars(framing.trafficStats) == vars(plain.trafficStats)
+    assert list(framing.factory.frames.frames) == ["short", "é✓🙂" * 40, "x" * 70000]
+
+
+@pytest.mark.parametrize("state", ["STATE_CLOSING", "STATE_CLOSED"])
+def test_a_socket_no_longer_open_refuses_a_send_as_daphne_does(state):
+    for factory_class in (FramingWebSocketFactory, WebSocketFactory):
+        protocol, transport = opened(factory_class)
+        protocol.state = getattr(protocol, state)
+        with pytest.raises(Disconnected):
+            protocol.serverSend("late", False)
+        assert transport.value() == b""
+
+
+def test_a_text_over_the_payload_limit_is_refused_as_daphne_does():
+    for factory_class in (FramingWebSocketFactory, WebSocketFactory):
+        protocol, transport = opened(factory_class)
+        protocol.maxMessagePayloadSize = 100
+        with pytest.raises(PayloadExceededError):
+            protocol.serverSend("y" * 101, False)
+        protocol.serverSend("y" * 100, False)
+        assert parsed(transport.value()).data == b"y" * 100
+
+
+def test_a_text_behind_frames_queued_by_autobahn_waits_its_turn_as_with_daphne():
+    """autobahn queues a send while earlier ones wait in its own queue (sync or chopped
+    sends); a text sent meanwhile joins that queue, behind them, on both protocols."""
+    wires = []
+    for factory_class in (FramingWebSocketFactory, WebSocketFactory):
+        protocol, transport = opened(factory_class)
+        protocol.send_queue.extend([(b"queued-1", False), (b"queued-2", False)])
+        protocol.serverSend("then this", False)
+        wires.append((transport.value(), [data for data, _ in protocol.send_queue]))
+    assert wires[0] == wires[1]
+    written, still_queued = wires[0]
+    assert written + b"".join(still_queued) == b"queued-1queued-2" + text_frame(b"then this")
 
 
 # ---------------------------------------------------------------- through a real Daphne
