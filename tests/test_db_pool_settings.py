@@ -16,6 +16,7 @@ POOL_VARS = (
     "TOOLHUB_DB_POOL_MIN_SIZE",
     "TOOLHUB_DB_POOL_MAX_SIZE",
     "TOOLHUB_DB_POOL_TIMEOUT",
+    "TOOLHUB_DB_PREPARED_STATEMENTS",
 )
 
 
@@ -50,6 +51,18 @@ def test_it_connects_per_request_when_the_pool_is_turned_off(database, monkeypat
     monkeypatch.setenv("TOOLHUB_DB_POOL", "0")
     config = database(PG_URL)
     assert "pool" not in config["OPTIONS"]
+    assert config["OPTIONS"]["prepare_threshold"] == 5  # prepared statements do not need it
+
+
+def test_it_lets_prepared_cursors_prepare_unless_turned_off(database, monkeypatch):
+    """Django sets psycopg's prepare_threshold to None (nothing is ever prepared) unless
+    OPTIONS names one; toolhub names one for its prepared_cursor() (toolhub/postgresql)."""
+    assert database(PG_URL)["OPTIONS"]["prepare_threshold"] == 5
+    monkeypatch.setenv("TOOLHUB_DB_PREPARED_STATEMENTS", "off")  # a transaction-mode pooler
+    options = database(PG_URL)["OPTIONS"]
+    assert "prepare_threshold" not in options
+    assert options["sslmode"] == "require"
+    assert options["pool"]["max_size"] == 20
 
 
 @pytest.mark.parametrize(
@@ -64,6 +77,8 @@ def test_it_connects_per_request_when_the_pool_is_turned_off(database, monkeypat
         ("TOOLHUB_DB_POOL_TIMEOUT", "soon", "TOOLHUB_DB_POOL_TIMEOUT must be an integer"),
         ("TOOLHUB_DB_POOL_TIMEOUT", "0", "TOOLHUB_DB_POOL_TIMEOUT must be at least 1"),
         ("TOOLHUB_DB_POOL_TIMEOUT", "-3", "TOOLHUB_DB_POOL_TIMEOUT must be at least 1"),
+        ("TOOLHUB_DB_PREPARED_STATEMENTS", "sometimes", "TOOLHUB_DB_PREPARED_STATEMENTS must"),
+        ("TOOLHUB_DB_PREPARED_STATEMENTS", "5", "TOOLHUB_DB_PREPARED_STATEMENTS must"),
     ],
 )
 def test_it_refuses_a_bad_pool_setting_naming_it(database, monkeypatch, name, raw, says):
@@ -94,3 +109,11 @@ def test_sqlite_runs_without_a_pool_and_accepts_it_turned_off(database, monkeypa
     assert "pool" not in database(url)["OPTIONS"]
     monkeypatch.setenv("TOOLHUB_DB_POOL", "0")
     assert "pool" not in database(url)["OPTIONS"]
+    monkeypatch.setenv("TOOLHUB_DB_PREPARED_STATEMENTS", "0")
+    assert "prepare_threshold" not in database(url)["OPTIONS"]
+
+
+def test_it_refuses_prepared_statements_asked_for_on_sqlite(database, monkeypatch, tmp_path):
+    monkeypatch.setenv("TOOLHUB_DB_PREPARED_STATEMENTS", "1")
+    with pytest.raises(ImproperlyConfigured, match=r"PREPARED_STATEMENTS is for PostgreSQL"):
+        database(f"sqlite:///{tmp_path / 'db.sqlite3'}")

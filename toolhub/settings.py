@@ -136,13 +136,24 @@ def _database(url: str) -> dict[str, object]:
                 "TOOLHUB_DB_POOL* settings are for PostgreSQL; DATABASE_URL selects SQLite "
                 "(unset them, or set TOOLHUB_DB_POOL=0)"
             )
+        if env_bool("TOOLHUB_DB_PREPARED_STATEMENTS", default=False):
+            raise ImproperlyConfigured(
+                "TOOLHUB_DB_PREPARED_STATEMENTS is for PostgreSQL; DATABASE_URL selects SQLite "
+                "(unset it, or set it to 0)"
+            )
     elif config["ENGINE"] == "django.db.backends.postgresql":
         # Django's, failing fast while the database is down (toolhub/postgresql/base.py).
         config["ENGINE"] = "toolhub.postgresql"
+        given = config.get("OPTIONS")  # e.g. sslmode from the URL's query
+        options = dict(given) if isinstance(given, dict) else {}
+        if env_bool("TOOLHUB_DB_PREPARED_STATEMENTS", default=True):
+            # Django turns psycopg's prepared statements off (None) for transaction-mode
+            # poolers; its own cursors never prepare anyway, only prepared_cursor() does.
+            options.setdefault("prepare_threshold", 5)
         pool = _pool_options()
         if pool:
-            options = config.get("OPTIONS")  # e.g. sslmode from the URL's query
-            config["OPTIONS"] = {**(options if isinstance(options, dict) else {}), "pool": pool}
+            options["pool"] = pool
+        config["OPTIONS"] = options
     return config
 
 

@@ -110,7 +110,10 @@ def write(
         "last_seq) ON true"
     )
     try:
-        with connection.cursor() as cursor:
+        # Prepared once per connection and shape (toolhub/postgresql/base.py): parsing
+        # and planning this statement was most of PostgreSQL's work per queued call.
+        # (Django's own backend, configured directly, has no such cursor.)
+        with getattr(connection, "prepared_cursor", connection.cursor)() as cursor:
             cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
             answer = cursor.fetchall()
     except BaseException:  # nothing was written: the row as it was

@@ -241,3 +241,67 @@ def test_an_edit_committed_after_a_start_holds_on_the_next_call(
     refused = record_of(second)
     assert refused.status == "failed" and refused.error_code == "unavailable"
     assert "disabled" in refused.safe_message
+
+
+def prepared_starts() -> dict[str, tuple[int, int]]:
+    """The start statements this connection's session holds prepared (name -> how often
+    PostgreSQL planned one anew, custom, and reused its one plan, generic); earlier tests
+    on the same connection may have left some."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, custom_plans, generic_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH claimed AS (%%'"
+        )
+        return {name: (custom, generic) for name, custom, generic in cursor.fetchall()}
+
+
+def runs_since(before: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Per prepared start, the custom and generic runs since `before`, where there were any."""
+    after = prepared_starts()
+    ran = {}
+    for name, (custom, generic) in after.items():
+        was = before.get(name, (0, 0))
+        if (custom, generic) != was:
+            ran[name] = (custom - was[0], generic - was[1])
+    return ran
+
+
+def test_the_start_is_prepared_once_per_connection_and_then_not_planned_again(
+    caller, operator, tally
+):
+    """A queued call's start is the statement PostgreSQL sees most (toolhub/postgresql
+    prepared_cursor): it is parsed once per connection and, after PostgreSQL's first five
+    custom plans, run on its generic plan, its values bound on the server."""
+    tokens = [f"p{n}" for n in range(10)]
+    batch = approved(caller, operator, tally, *tokens)
+    before = prepared_starts()
+    with CaptureQueriesContext(connection) as sent:
+        tasks.run_approved_calls([str(a.pk) for a in batch])
+
+    assert [tally.count(token) for token in tokens] == [1] * 10
+    assert all(a.status == ApprovalStatus.SUCCEEDED for a in ApprovalRequest.objects.all())
+    starts = [q for q in sent.captured_queries if q["sql"].startswith("WITH claimed")]
+    assert len(starts) == 10  # still seen by Django's query log (execute wrappers too)
+    assert all("%s" not in q["sql"] and "$1" not in q["sql"] for q in starts)  # values shown
+    ran = runs_since(before)
+    # At most two shapes: a batch's first start carries no earlier end, the others one.
+    assert 1 <= len(ran) <= 2
+    assert sum(custom + generic for custom, generic in ran.values()) == 10
+    assert sum(generic for _, generic in ran.values()) >= 4  # the 6th run on: no planning
+
+
+def test_with_prepared_statements_turned_off_the_start_is_sent_unprepared(
+    caller, operator, tally, monkeypatch
+):
+    """TOOLHUB_DB_PREPARED_STATEMENTS=0 leaves psycopg's prepare_threshold at Django's
+    None (a transaction-mode pooler): the same statement, the same outcome, nothing kept
+    by the session."""
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", None)
+    batch = approved(caller, operator, tally, "u0", "u1", "u2")
+    before = prepared_starts()
+    tasks.run_approved_calls([str(a.pk) for a in batch])
+    assert [tally.count(token) for token in ("u0", "u1", "u2")] == [1, 1, 1]
+    assert all(a.status == ApprovalStatus.SUCCEEDED for a in ApprovalRequest.objects.all())
+    assert runs_since(before) == {}
+    assert prepared_starts().keys() == before.keys()

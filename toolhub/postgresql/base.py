@@ -9,18 +9,39 @@ refused, it fails now with PostgreSQL's own error (the outage middleware answers
 accepted, the database is back and the request takes its connection from the pool.
 The first request of an outage finds an idle connection, broken: the pool's check
 (pool.check) then tries one direct connection and, refused, fails the request at once.
+
+`prepared_cursor()` is for the few statements sent thousands of times a minute with the
+same text (a queued call's start, apps.invocations.combined): Django's cursors bind
+parameters on the client, so PostgreSQL parses, analyses and plans every one anew (about
+60 % of its CPU per queued call, perf during `bench/decision.py --throughput`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from django.db.backends.postgresql import base
+import psycopg
+from django.db.backends.postgresql import base, operations
+from django.db.backends.utils import CursorWrapper
 
 from toolhub.postgresql.pool import Unreachable, probe, reachability
 
 
+class DatabaseOperations(operations.DatabaseOperations):
+    def last_executed_query(self, cursor: Any, sql: str, params: Any) -> str:
+        """What Django's query log shows (debug, tests): a prepared statement's execution
+        leaves psycopg no query text of its own, so show the one sent, values quoted in."""
+        if isinstance(cursor, _PreparingCursor):
+            try:
+                return str(self.compose_sql(sql, params))
+            except psycopg.DataError:  # a value psycopg cannot quote on the client
+                pass
+        return str(super().last_executed_query(cursor, sql, params))
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    ops_class = DatabaseOperations
+
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         if self.pool is not None and reachability.down:
             timeout = int(self.settings_dict["OPTIONS"]["pool"].get("timeout", 5))
@@ -29,3 +50,33 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return super().get_new_connection(conn_params)
         except Unreachable as unreachable:  # a pooled connection broke, and so do new ones
             raise unreachable.error from None
+
+    def prepared_cursor(self) -> CursorWrapper:
+        """A cursor that binds its parameters on the server and prepares what it sends:
+        PostgreSQL parses a statement once per connection (psycopg keeps the last 100 of
+        each connection, keyed by text and parameter types) and, once it has chosen a
+        generic plan, stops planning it. Wrapped as Django's own cursors are (execute
+        wrappers, query logging, database errors). Its values come back with psycopg's
+        loaders, not Django's time zone one: select no timestamps with it."""
+        self.ensure_connection()
+        self.validate_thread_sharing()
+        with self.wrap_database_errors:
+            cursor = cast(Any, _PreparingCursor(self.connection))  # wrapped by what follows
+        if self.queries_logged:
+            return self.make_debug_cursor(cursor)
+        return self.make_cursor(cursor)
+
+
+class _PreparingCursor(psycopg.Cursor[Any]):
+    """psycopg's server-binding cursor, preparing every statement it sends (with Django's
+    prepare_threshold of None, the connection's setting, nothing is prepared)."""
+
+    def execute(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        prepare: bool | None = True,
+        binary: bool | None = None,
+    ) -> Any:
+        return super().execute(query, params, prepare=prepare, binary=binary)
