@@ -39,6 +39,7 @@ from apps.invocations.events import Event, EventMessage
 from apps.invocations.models import Run, RunEvent
 from apps.tenants import epoch
 from apps.tenants.models import Tenant
+from toolhub.postgresql import statement_cursor
 
 # The event columns a start's statement writes from VALUES, in this order (seq is numbered
 # in the statement).
@@ -112,8 +113,7 @@ def write(
     try:
         # Prepared once per connection and shape (toolhub/postgresql/base.py): parsing
         # and planning this statement was most of PostgreSQL's work per queued call.
-        # (Django's own backend, configured directly, has no such cursor.)
-        with getattr(connection, "prepared_cursor", connection.cursor)() as cursor:
+        with statement_cursor(connection) as cursor:
             cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
             answer = cursor.fetchall()
     except BaseException:  # nothing was written: the row as it was

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.tenants.models import ApiKey, Tenant
 from apps.tools.models import Tool
+from toolhub.postgresql import statement_cursor
 
 
 class ErrorCode(models.TextChoices):
@@ -194,7 +195,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         db = connections[self.db]
         quote = db.ops.quote_name
         table = quote(Run._meta.db_table)
-        with db.cursor() as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (tenant_id, run_id, last_seq, created_at) "  # noqa: S608
                 "VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id, run_id) "
@@ -217,7 +218,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         params: list[Any] = []
         for tenant_id, run_id in keys:
             params += [tenant_id, run_id, counts[(tenant_id, run_id)], now]
-        with db.cursor() as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(
                 f"INSERT INTO {table} (tenant_id, run_id, last_seq, created_at) VALUES "  # noqa: S608
                 + ", ".join(["(%s, %s, %s, %s)"] * len(keys))

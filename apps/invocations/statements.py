@@ -18,6 +18,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections, models
 
+from toolhub.postgresql import statement_cursor
+
 _statements: dict[tuple[type[models.Model], str, int], str] = {}
 _updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], str] = {}
 
@@ -58,7 +60,7 @@ def insert(rows: list[Any], using: str = "default") -> None:
         field.get_db_prep_save(value, connection=connection)
         for value, field in zip(values, fields * len(rows), strict=True)
     ]
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, params)
     for row in rows:
         row._state.adding = False
@@ -75,7 +77,7 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     if built is None:
         return _django_update(row, fields, only_if)
     sql, params = built
-    with connections[row._state.db or "default"].cursor() as cursor:
+    with statement_cursor(connections[row._state.db or "default"]) as cursor:
         cursor.execute(sql, params)
         changed = cursor.rowcount
     if not changed and only_if is None:

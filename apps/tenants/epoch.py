@@ -32,6 +32,8 @@ from django.apps import apps
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
+from toolhub.postgresql import statement_cursor
+
 T = TypeVar("T")
 _M = TypeVar("_M", bound=models.Model)
 
@@ -61,7 +63,7 @@ def _select_sql(using: str) -> str:
 def _read_value(using: str = "default") -> int | None:
     """One SELECT whose text is built once: every request and every queued call reads the
     epoch, and compiling the ORM's query each time was a measurable part of it (issue 13)."""
-    with connections[using].cursor() as cursor:
+    with statement_cursor(connections[using]) as cursor:
         cursor.execute(_select_sql(using))
         row = cursor.fetchone()
     return None if row is None else int(row[0])

@@ -168,3 +168,37 @@ def test_an_expression_in_an_update_goes_through_django(agent: Agent) -> None:
     guard = {"status": Status.FAILED}
     assert statements.update(row, ("ended_at",), only_if=guard) is True
     assert statements.update(row, ("ended_at",), only_if={"status": Status.RUNNING}) is False
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared on PostgreSQL only")
+def test_on_postgresql_a_calls_statements_are_prepared_once_and_then_not_planned(
+    agent: Agent,
+) -> None:
+    """The statements every call sends with the same text (its record, its run's numbers,
+    its events) are prepared on the connection (toolhub.postgresql.statement_cursor):
+    parsed once, then run on their generic plan; values bound on the server."""
+
+    def prepared() -> dict[str, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT statement, custom_plans + generic_plans, generic_plans "
+                "FROM pg_prepared_statements"
+            )
+            rows = cursor.fetchall()
+        assert all("%s" not in text for text, _, _ in rows)
+        return {text.split(" (")[0]: (runs, generic) for text, runs, generic in rows}
+
+    agent.invoke("core__get_current_time", runId="run-prepared")  # the run's row exists
+    before = prepared()
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(8):
+            assert agent.invoke("core__get_current_time", runId="run-prepared").json()["ok"]
+    after = prepared()
+    for table in ('"invocations_invocationrecord"', '"invocations_run"', '"invocations_runevent"'):
+        text = f"INSERT INTO {table}"
+        runs, generic = after[text]
+        assert runs - before.get(text, (0, 0))[0] == 8  # one each per call, one statement
+        assert generic >= 3  # from the sixth run on, no planning
+    # Django's query log still shows them, values quoted in.
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert inserts and all("$1" not in sql and "%s" not in sql for sql in inserts)
