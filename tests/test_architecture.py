@@ -28,6 +28,7 @@ OTHER_EXECUTE_RECEIVERS = {
     "apps.policies.conditions": {"program"},  # a compiled CEL program
     "apps.approvals.wake": {"raw"},  # a psycopg connection (LISTEN)
     "tests.faults.test_outages": {"db"},  # a sqlite3/psycopg connection reading the records
+    "toolhub.postgresql.base": {"super"},  # the prepared cursor's psycopg Cursor.execute
 }
 
 

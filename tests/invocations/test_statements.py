@@ -178,7 +178,7 @@ def test_on_postgresql_a_calls_statements_are_prepared_once_and_then_not_planned
     its events) are prepared on the connection (toolhub.postgresql.statement_cursor):
     parsed once, then run on their generic plan; values bound on the server."""
 
-    def prepared() -> dict[str, int]:
+    def prepared() -> dict[str, tuple[int, int]]:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT statement, custom_plans + generic_plans, generic_plans "

@@ -11,9 +11,9 @@ The first request of an outage finds an idle connection, broken: the pool's chec
 (pool.check) then tries one direct connection and, refused, fails the request at once.
 
 `prepared_cursor()` is for the few statements sent thousands of times a minute with the
-same text (a queued call's start, apps.invocations.combined): Django's cursors bind
-parameters on the client, so PostgreSQL parses, analyses and plans every one anew (about
-60 % of its CPU per queued call, perf during `bench/decision.py --throughput`).
+same text (the call path's, through `toolhub.postgresql.statement_cursor`): Django's
+cursors bind parameters on the client, so PostgreSQL parses, analyses and plans every one
+anew (about 60 % of its CPU per queued call, perf during `bench/decision.py --throughput`).
 """
 
 from __future__ import annotations
