@@ -12,6 +12,9 @@ channels-redis processes share one Redis; it only sends the same commands togeth
   room: one round trip for a group nobody follows (a queued call's run), two otherwise.
 - `send`: one script (clean, check capacity, add, expire). A full channel still raises
   ChannelFull.
+
+It adds `server_identity` (the servers' run ids), which a process's feeds watch to learn
+that Redis restarted and forgot their groups.
 """
 
 from __future__ import annotations
@@ -86,6 +89,15 @@ class RedisLayer(RedisChannelLayer):
             )
             if full:
                 logger.info("%s of %s channels over capacity in group %s", full, len(names), group)
+
+    async def server_identity(self) -> tuple[str, ...]:
+        """The run id of each Redis server this layer uses: it changes when one restarts,
+        and a restarted Redis has forgotten every group (apps/invocations/fanout.py)."""
+        found = []
+        for index in range(self.ring_size):
+            info = await self.connection(index).info("server")
+            found.append(str(info.get("run_id", "")))
+        return tuple(found)
 
     async def _add_where_room(
         self, index: int, keys: list[str], messages: list[bytes], capacities: list[int]

@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 GROUP_REFRESH_S = 3600.0
 # A feed whose layer fails (Redis restarted...) retries after this long.
 RETRY_S = 1.0
+# How often the feeds of a process ask a layer that can say so (Redis) which server
+# answers: a restarted Redis has forgotten every group, and the feeds must learn it even
+# when no read of theirs failed (below).
+WATCH_S = 2.0
 # Other tasks on the loop (HTTP requests, handshakes) get a turn this often
 # while one event is handed to many subscribers.
 YIELD_EVERY = 200
@@ -59,8 +63,9 @@ class Subscriber(Protocol):
 class Feed:
     """One group's live events in this process, read once, handed to every subscriber."""
 
-    def __init__(self, layer: Any, group: str) -> None:
+    def __init__(self, layer: Any, group: str, owner: Feeds | None = None) -> None:
         self.layer, self.group = layer, group
+        self.owner = owner
         self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set
         self.channel: str | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -93,16 +98,21 @@ class Feed:
                 message = await self.layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # Events pushed meanwhile may be lost to the feed, but they are
                 # persisted: once the layer answers again, subscribers re-read them.
-                logger.exception("feed for %s could not read; retrying", self.group)
-                # A restarted Redis has forgotten the group: join again, as long as
-                # it takes, before reading on (else no live event ever comes back).
+                logger.warning(
+                    "feed for %s could not read (%s); retrying", self.group, type(exc).__name__
+                )
                 await asyncio.sleep(RETRY_S)
-                while not await self._join():
-                    await asyncio.sleep(RETRY_S)
-                await self._each(lambda subscriber: subscriber.catch_up())
+                # A restarted Redis has forgotten every group, not only this one; and
+                # the process's feeds share one blocking read, so this feed may be the
+                # only one that saw the failure. Every feed joins again, as long as it
+                # takes, and every subscriber re-reads what it missed.
+                if self.owner is not None:
+                    await self.owner.repair(self.layer)
+                else:
+                    await self.rejoin()
                 continue
             if message.get("type") == CATCH_UP_TYPE:
                 await self._each(lambda subscriber: subscriber.catch_up())
@@ -147,29 +157,92 @@ class Feed:
     async def _join(self) -> bool:
         try:
             await self.layer.group_add(self.group, self.channel)
-        except Exception:
-            logger.exception("could not re-join group %s", self.group)
+        except Exception as exc:
+            logger.warning("could not re-join group %s (%s)", self.group, type(exc).__name__)
             return False
         return True
 
+    async def rejoin(self) -> None:
+        """Join the group again, as long as it takes, then tell every subscriber that it
+        may have missed events."""
+        while not await self._join():
+            await asyncio.sleep(RETRY_S)
+        await self._each(lambda subscriber: subscriber.catch_up())
+
 
 class Feeds:
-    """The feeds of one event loop and channel layer, by group."""
+    """The feeds of one event loop and channel layer, by group.
+
+    The feeds of a process share their layer's connections, and on Redis one blocking
+    read serves them all: when Redis restarts, only the feed whose read was waiting sees
+    the error, and none sees it if Redis went away between two reads. Yet a restarted
+    Redis has forgotten every group. So a failure seen by one feed repairs them all
+    (`repair`), and while there are feeds, a watcher asks the layer every `WATCH_S`
+    which server answers (`server_identity`, Redis's run ids) and repairs them all when
+    it changes or after it could not ask.
+    """
 
     def __init__(self) -> None:
         self.by_group: dict[str, Feed] = {}
+        self._repairing: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def repair(self, layer: Any) -> None:
+        """Every feed joins its group again and its subscribers catch up; one repair at a
+        time (callers during one wait for it)."""
+        if self._repairing is None or self._repairing.done():
+            self._repairing = asyncio.ensure_future(self._repair_all())
+        await asyncio.shield(self._repairing)
+
+    async def _repair_all(self) -> None:
+        feeds = [feed for feed in self.by_group.values() if feed.tasks]
+        logger.warning("channel layer failed: %d feeds join their groups again", len(feeds))
+        for feed in feeds:
+            if self.by_group.get(feed.group) is feed:  # not stopped meanwhile
+                await feed.rejoin()
+
+    async def _watch(self, layer: Any) -> None:
+        identity = layer.server_identity
+        known: Any = None
+        failed = False
+        while True:
+            try:
+                now = await identity()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not failed:
+                    logger.warning("channel layer did not answer (%s)", type(exc).__name__)
+                failed = True
+            else:
+                if known is not None and (failed or now != known):
+                    # Restarted (its groups are gone), or down a while (pushes were lost).
+                    await self.repair(layer)
+                known, failed = now, False
+            await asyncio.sleep(WATCH_S)
+
+    def _start_watching(self, layer: Any) -> None:
+        if hasattr(layer, "server_identity") and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.ensure_future(self._watch(layer))
+
+    def _stop_watching(self) -> None:
+        if not self.by_group and self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     async def subscribe(self, layer: Any, group: str, subscriber: Subscriber) -> None:
         feed = self.by_group.get(group)
         if feed is None:
-            feed = self.by_group[group] = Feed(layer, group)
+            feed = self.by_group[group] = Feed(layer, group, self)
             feed.subscribers[subscriber] = None
             try:
                 await feed.start()
             except BaseException:
                 if self.by_group.get(group) is feed:
                     del self.by_group[group]
+                self._stop_watching()
                 raise
+            self._start_watching(layer)
         else:
             feed.subscribers[subscriber] = None
             await feed.ready.wait()
@@ -184,6 +257,7 @@ class Feeds:
         feed.subscribers.pop(subscriber, None)
         if not feed.subscribers:
             del self.by_group[group]
+            self._stop_watching()
             await feed.stop()
 
 

@@ -71,6 +71,7 @@ from apps.tools.contracts import (
     ToolError,
     ToolParams,
     ToolResultTooLarge,
+    ToolTimedOut,
     ToolUnavailable,
 )
 from apps.tools.models import Effect, Tool
@@ -915,7 +916,7 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
                     _linger(call.on_linger)
                 _release_connection()
         return _wait(call, future)
-    except FutureTimeout:
+    except (FutureTimeout, ToolTimedOut):
         future.cancel()  # still queued for a thread: then it never starts
         call.context._cancel.set()
         raise Refusal(

@@ -43,6 +43,7 @@ from apps.tools.contracts import (
     ToolOutput,
     ToolParams,
     ToolResultTooLarge,
+    ToolTimedOut,
     ToolUnavailable,
 )
 from apps.tools.registry import RegisteredTool, check_contract
@@ -189,7 +190,7 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
         except ServerUnavailable as exc:
             raise ToolUnavailable(f"The MCP server {server.name} is unavailable: {exc}.") from None
         except ServerTimeout:
-            raise ToolError(f"The MCP server {server.name} did not answer in time.") from None
+            raise ToolTimedOut(f"The MCP server {server.name} did not answer in time.") from None
         except AnswerTooLarge as exc:
             raise ToolResultTooLarge(f"{server.name}/{remote_name}: {exc}.") from None
         except RemoteError as exc:

@@ -51,6 +51,13 @@ class ToolUnavailable(ToolError):
     the call ends as `unavailable`, not as a tool failure."""
 
 
+class ToolTimedOut(ToolError):
+    """Raised by a tool whose provider did not answer within the call's deadline (a remote
+    server's own wait, bounded by `ctx.time_left()`): the call ends as `timeout`, the same
+    as when the runner's deadline passes first. The two race at the deadline; the outcome
+    must not depend on which one wins."""
+
+
 class ToolResultTooLarge(ToolError):
     """Raised by a tool whose provider answered with more than it may read (a remote
     server's answer past its size limit, cut while it was read): the call ends as

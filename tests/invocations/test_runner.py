@@ -153,6 +153,15 @@ def test_a_tool_that_overruns_its_timeout_is_cut_off(tester):
     assert record_of(response).status == "failed"
 
 
+def test_a_provider_that_times_out_first_ends_the_call_as_a_timeout_too(tester):
+    # At the deadline the runner's wait and the provider's own wait (an MCP session's)
+    # race; whichever wins, the caller sees the same code and message.
+    code, message = failure(tester.invoke("test__provider_timeout", args={}))
+    assert (code, message) == ("timeout", "The tool did not finish within 0.5 s.")
+    record = InvocationRecord.objects.get(tool_ref="test__provider_timeout")
+    assert (record.status, record.error_code) == ("failed", "timeout")
+
+
 def test_a_result_that_does_not_match_the_declared_output_is_output_invalid(tester):
     code, message = failure(tester.invoke("test__wrong_output", args={}))
     assert code == "output_invalid"

@@ -262,8 +262,67 @@ async def test_a_feed_keeps_reading_after_the_layer_fails(monkeypatch, caplog):
     await until(lambda: recorder.caught_up == 1)  # told it may have missed events
     await layer.group_send("run.f", run_event(1))
     await until(lambda: len(recorder.seen) == 1)
-    assert "could not read; retrying" in caplog.text
+    assert "could not read (ConnectionError); retrying" in caplog.text
     await feeds.unsubscribe("run.f", recorder)
+
+
+class RestartableLayer(InMemoryChannelLayer):
+    """A real in-memory layer that can "restart" like Redis: it forgets every group and
+    answers with a new server identity. Only the channel named in `fail_once` sees a
+    failed read, as only the feed whose blocking read was waiting does on Redis; with
+    `fail_once` None no read fails at all (Redis went away between two reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_id = "first"
+        self.fail_once: str | None = None
+
+    async def server_identity(self) -> tuple[str, ...]:
+        return (self.run_id,)
+
+    def restart(self, fail_once: str | None) -> None:
+        self.groups.clear()
+        self.run_id = f"{self.run_id}+"
+        self.fail_once = fail_once
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        if channel == self.fail_once:
+            self.fail_once = None
+            raise ConnectionError("connection closed by server")
+        return await super().receive(channel)
+
+
+@pytest.mark.parametrize("seen_by", ["one feed", "no feed"])
+async def test_a_restart_of_the_layer_rejoins_every_feed_of_the_process(monkeypatch, seen_by):
+    monkeypatch.setattr(fanout, "RETRY_S", 0.01)
+    monkeypatch.setattr(fanout, "WATCH_S", 0.05 if seen_by == "no feed" else 60)
+    layer = RestartableLayer()
+    feeds = fanout.Feeds()
+    recorders = {group: Recorder() for group in ("run.a", "run.b", "run.c")}
+    for group, recorder in recorders.items():
+        await feeds.subscribe(layer, group, recorder)
+    await asyncio.sleep(0.1)  # the watcher has learnt the first identity
+
+    layer.restart(fail_once=feeds.by_group["run.b"].channel if seen_by == "one feed" else None)
+    if seen_by == "one feed":
+        await layer.send(feeds.by_group["run.b"].channel, {"type": "wake"})
+    await until(lambda: all(recorder.caught_up == 1 for recorder in recorders.values()))
+    for n, group in enumerate(recorders, start=1):
+        await layer.group_send(group, run_event(n))
+    await until(lambda: all(len(recorder.seen) == 1 for recorder in recorders.values()))
+    assert [recorder.seen[0][0] for recorder in recorders.values()] == [1, 2, 3]
+
+    for group, recorder in recorders.items():
+        await feeds.unsubscribe(group, recorder)
+    assert feeds._watcher is None
+
+
+async def test_a_layer_that_cannot_say_which_server_answers_is_not_watched():
+    feeds = fanout.Feeds()
+    recorder = Recorder()
+    await feeds.subscribe(InMemoryChannelLayer(), "run.w", recorder)
+    assert feeds._watcher is None
+    await feeds.unsubscribe("run.w", recorder)
 
 
 # ------------------------------------------------------------ the operators' stream

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ import redis
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
 
+from apps.invocations import fanout
 from tests.support.redis import redis_server
+from tests.support.server import free_port
 from toolhub.layers import RedisLayer
 
 KINDS = [RedisChannelLayer, RedisLayer]
@@ -170,6 +173,65 @@ def test_scripts_lost_by_redis_are_loaded_again(redis_url: str, raw: redis.Redis
         await here.flush()
 
     asyncio.run(scenario())
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.caught_up = 0
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        self.seen.append(event["seq"])
+
+    async def catch_up(self) -> None:
+        self.caught_up += 1
+
+
+async def eventually(condition: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_every_feed_of_a_process_hears_again_after_redis_restarts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The feeds of a process share one blocking read: a restart fails only the feed
+    whose read was waiting, yet Redis forgot every group. Each must hear again."""
+    monkeypatch.setattr(fanout, "RETRY_S", 0.05)
+    monkeypatch.setattr(fanout, "WATCH_S", 0.2)
+    port = free_port()
+
+    async def scenario(restart: Any) -> None:
+        here, sender = layer(RedisLayer, url), layer(RedisLayer, url)
+        feeds = fanout.Feeds()
+        recorders = {f"run-{n}": Recorder() for n in range(4)}
+        for group, recorder in recorders.items():
+            await feeds.subscribe(here, group, recorder)
+        await asyncio.sleep(0.3)
+        restart()
+        await eventually(lambda: all(r.caught_up >= 1 for r in recorders.values()))
+        for n, group in enumerate(recorders):
+            for _attempt in range(50):  # the sender's pooled connection may be stale once
+                try:
+                    await sender.group_send(group, {"type": "e", "event": {"seq": n}})
+                    break
+                except redis.ConnectionError:
+                    await asyncio.sleep(0.05)
+        await eventually(lambda: all(len(r.seen) == 1 for r in recorders.values()))
+        assert [r.seen for r in recorders.values()] == [[0], [1], [2], [3]]
+        for group, recorder in recorders.items():
+            await feeds.unsubscribe(group, recorder)
+
+    with ExitStack() as stack:
+        url = stack.enter_context(redis_server(port))
+
+        def restart() -> None:
+            stack.close()
+            stack.enter_context(redis_server(port))
+
+        asyncio.run(scenario(restart))
 
 
 def test_a_deployment_with_redis_uses_toolhubs_layer() -> None:

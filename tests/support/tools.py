@@ -19,6 +19,7 @@ from apps.tools.contracts import (
     ToolError,
     ToolOutput,
     ToolParams,
+    ToolTimedOut,
 )
 
 BARRIER_PARTIES = 5
@@ -106,6 +107,11 @@ def refuse_politely(params: NoParams, ctx: ToolContext, caps: Capabilities) -> W
     raise ToolError("The upstream service said no.")
 
 
+def provider_timed_out(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    """A provider's own wait ran out first (as an MCP session's does at the deadline)."""
+    raise ToolTimedOut("The provider did not answer in time.")
+
+
 def wrong_output(params: NoParams, ctx: ToolContext, caps: Capabilities) -> dict[str, object]:
     return {"waited": "not a number"}
 
@@ -137,6 +143,7 @@ CONTRACTS = [
     _test_tool("counted_wait", CountedWait, Tallied, counted_wait, timeout_s=5),
     _test_tool("crash", NoParams, Waited, crash),
     _test_tool("refuse", NoParams, Waited, refuse_politely),
+    _test_tool("provider_timeout", NoParams, Waited, provider_timed_out, timeout_s=0.5),
     _test_tool("wrong_output", NoParams, Waited, wrong_output),
     _test_tool("big_output", Size, Blob, big_output),
     _test_tool(
