@@ -9,6 +9,8 @@ queue fills up anyway is closed with 4008 and the console re-reads the list.
 When the feed may have missed pushes (a catch-up: the layer dropped some), the
 stream re-reads from the database the approval events of its tenants written since
 its last re-read (less CATCH_UP_MARGIN) and sends those it has not seen, in order.
+It does so once when it opens too, after its feeds joined their groups: the client
+sees the handshake before that, and what was pushed in between reached no feed.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
         )
         self.seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # The first re-read (below) covers the moments between the handshake and the
+        # feeds' subscriptions, and events stamped a little before (CATCH_UP_MARGIN).
         self.read_since: datetime = timezone.now() - CATCH_UP_MARGIN
         await self.accept()
         self.sender = asyncio.ensure_future(self._send_queued())
@@ -93,6 +97,10 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         )
         self.watched = True
         await self.tenants_added(tuple(tenant_ids))
+        # The client may act on the handshake (the console reads its list) before the
+        # feeds joined their groups: an approval pushed in between reached no feed here.
+        # One re-read once subscribed sends what the live path may have missed.
+        await self.catch_up()
 
     async def tenants_added(self, tenant_ids: tuple[int, ...]) -> None:
         """Listen to these tenants' approvals too (revocations.SessionWatch)."""

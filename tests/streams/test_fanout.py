@@ -29,6 +29,7 @@ from apps.invocations.consumers import RunConsumer
 from apps.invocations.events import emit, run_group, tenant_group
 from apps.invocations.fanout import Feed, feeds_for
 from apps.tools.models import Tool
+from tests.conftest import allow
 from toolhub.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -385,6 +386,33 @@ async def test_operators_streams_share_the_tenants_feed_and_see_only_decidable_t
     assert members(layer, tenant_group(acme.tenant.pk)) == set()
 
 
+async def test_an_approval_pushed_between_the_handshake_and_the_subscription_still_arrives(
+    acme, operator_of_acme, layer, monkeypatch
+):
+    """The client sees the handshake (the console then reads its list) before the stream's
+    feed has joined the tenant's group: a push in between reaches nobody here, yet the
+    event is stored, and the stream's first re-read sends it."""
+    await database_sync_to_async(allow)(acme.tenant, "test__confirm")
+    subscribe = fanout.Feeds.subscribe
+    held: list[str] = []
+
+    def hold_a_call() -> None:
+        body = acme.invoke("test__confirm", args={}, runId="fan-late").json()
+        held.append(body["approvalId"])
+
+    async def late(self: fanout.Feeds, layer: Any, group: str, subscriber: Any) -> None:
+        if group == tenant_group(acme.tenant.pk):
+            await database_sync_to_async(hold_a_call)()  # pushed to a group with no member
+        await subscribe(self, layer, group, subscriber)
+
+    monkeypatch.setattr(fanout.Feeds, "subscribe", late)
+    stream = await open_approvals(operator_of_acme)
+    got = await stream.receive_json_from(timeout=5)
+    assert (got["type"], got["approvalId"]) == ("approval_required", held[0])
+    assert await stream.receive_nothing(0.2)  # once
+    await stream.disconnect()
+
+
 async def test_an_approvals_stream_that_cannot_keep_up_is_closed_with_4008(
     acme, operator_of_acme, layer, settings, monkeypatch
 ):
@@ -398,9 +426,10 @@ async def test_an_approvals_stream_that_cannot_keep_up_is_closed_with_4008(
 
     monkeypatch.setattr(ApprovalsConsumer, "_may_decide", stuck)
     stream = await open_approvals(operator_of_acme)
-    await emit_approvals(acme, "test__confirm", 4)  # one being checked, two queued, one too many
+    await emit_approvals(acme, "test__confirm", 1)
+    await asyncio.wait_for(checking.wait(), 5)  # one being checked (live or re-read)...
+    await emit_approvals(acme, "test__confirm", 3)  # ...at most two queued: one too many
     assert (await stream.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4008}
-    assert checking.is_set()
     await stream.disconnect()
 
 
