@@ -11,6 +11,15 @@ for (`prepareMessage`, "for Broadcast/PubSub"); the frame is built the same way.
 Anything the plain path would treat differently goes the plain path: a binary message,
 a socket not open, per-message compression, fragmentation, autobahn's own send queue or
 frame logging, a message over the payload limit (which raises there, as before).
+
+The frame is then sent at once (`write_now`). Twisted's `transport.write` only buffers:
+it registers the socket with the event loop for writing, sends on the next turn of the
+loop, and unregisters it once the buffer is empty. With a thousand sockets per event
+that was two `epoll_ctl` calls and a loop callback per socket, about as much as the send
+itself. When nothing waits in the transport's buffer, the frame goes to the socket
+straight away, as asyncio's own transports do; only what the socket does not take is
+buffered, and Twisted sends it as before. Frames keep their order: once anything is
+buffered, every later frame is buffered behind it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any
 
 from autobahn.websocket.protocol import PreparedMessage
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+from twisted.internet import tcp
 
 # The cache keeps the most recent texts' frames within both bounds; a text over
 # MAX_CACHED_BYTES is framed for its socket alone (as Daphne would).
@@ -64,7 +74,7 @@ class FramingWebSocketProtocol(WebSocketProtocol):
         if 0 < self.maxMessagePayloadSize < payload_len:
             super().serverSend(content, binary)  # raises PayloadExceededError, as before
             return
-        self.transport.write(frame)
+        write_now(self.transport, frame)
         stats = self.trafficStats
         stats.outgoingWebSocketMessages += 1
         stats.outgoingWebSocketFrames += 1
@@ -83,6 +93,27 @@ class FramingWebSocketProtocol(WebSocketProtocol):
             and not self.logOctets
             and not self.trackedTimings
         )
+
+
+def write_now(transport: Any, data: bytes) -> None:
+    """Send `data` on a plain TCP connection now if nothing is waiting before it; what the
+    socket does not take (or anything on another transport: TLS, a UNIX socket, a test's)
+    goes through Twisted's buffer."""
+    if (
+        type(transport) is tcp.Server
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport._writeDisconnected
+        and not transport._tempDataBuffer
+        and transport.offset == len(transport.dataBuffer)
+    ):
+        sent = transport.writeSomeData(data)
+        if isinstance(sent, int):  # else the connection is lost: Twisted's write finds it
+            if sent == len(data):
+                return
+            data = data[sent:]
+    transport.write(data)
 
 
 def _header_len(frame: bytes) -> int:

@@ -12,11 +12,14 @@ parser test.)
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
 from autobahn.exception import Disconnected, PayloadExceededError
 from daphne.ws_protocol import WebSocketFactory
+from twisted.internet import tcp
+from twisted.internet.protocol import Protocol
 from twisted.internet.testing import StringTransport
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
@@ -24,7 +27,7 @@ from websockets.sync.client import ClientConnection
 
 from tests.conftest import allow
 from tests.streams.conftest import EVENT_TIMEOUT, KeyClient, nothing_arrives, open_ws
-from toolhub.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame
+from toolhub.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame, write_now
 
 
 def parsed(frame: bytes) -> Frame:
@@ -196,3 +199,96 @@ def test_live_streams_of_a_run_receive_the_same_texts_and_a_replay_the_same_even
     assert [event["args"]["text"] for event in events[0:4:2]] == sent
     assert [event["result"]["text"] for event in events[1:4:2]] == sent
     assert events[5]["result"] == {"blob": "x" * 30000}
+
+
+# ------------------------------------------------------------ sent at once (write_now)
+
+
+class Reactor:
+    """What a tcp.Server asks of its reactor: whether it registered for writing."""
+
+    def __init__(self) -> None:
+        self.writers: list[object] = []
+        self.registrations = 0
+
+    def addWriter(self, writer: object) -> None:  # Twisted's names
+        if writer not in self.writers:  # Twisted asks again while registered
+            self.registrations += 1
+            self.writers.append(writer)
+
+    def removeWriter(self, writer: object) -> None:
+        if writer in self.writers:
+            self.writers.remove(writer)
+
+    def addReader(self, reader: object) -> None:
+        pass
+
+    def removeReader(self, reader: object) -> None:
+        pass
+
+
+@pytest.fixture
+def connection() -> Any:
+    """A real Twisted TCP server connection over a real socket pair, and the peer."""
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reactor = Reactor()
+    transport = tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 1, reactor)  # type: ignore[arg-type]
+    yield transport, peer, reactor
+    ours.close()
+    peer.close()
+
+
+def read_all(peer: socket.socket, transport: Any, size: int) -> bytes:
+    """What the peer reads, running Twisted's buffered writes as the loop would."""
+    got = b""
+    peer.settimeout(0.05)
+    while len(got) < size:
+        if transport in transport.reactor.writers:
+            transport.doWrite()
+        try:
+            got += peer.recv(65536)
+        except TimeoutError:
+            continue
+    return got
+
+
+def test_a_frame_goes_to_the_socket_at_once_without_registering_for_writing(connection):
+    transport, peer, reactor = connection
+    frame = text_frame(b'{"seq":1}')
+    write_now(transport, frame)
+    assert (
+        reactor.registrations == 0 and transport.dataBuffer == b"" and not transport._tempDataBuffer
+    )
+    assert peer.recv(100) == frame
+
+
+def test_what_the_socket_does_not_take_is_buffered_and_later_frames_queue_behind_it(connection):
+    transport, peer, reactor = connection
+    big = text_frame(b"x" * 1_000_000)  # far past both socket buffers
+    small = [text_frame(json.dumps({"seq": n}).encode()) for n in range(3)]
+    write_now(transport, big)
+    assert reactor.registrations == 1  # the rest waits for the loop
+    for frame in small:
+        write_now(transport, frame)  # behind the rest of `big`, never before it
+    expected = big + b"".join(small)
+    assert read_all(peer, transport, len(expected)) == expected
+    write_now(transport, small[0])  # the buffer is empty again: at once
+    assert reactor.registrations == 1
+    assert peer.recv(100) == small[0]
+
+
+def test_a_write_to_a_closed_peer_is_left_to_twisted(connection):
+    transport, peer, reactor = connection
+    peer.close()
+    for _ in range(3):  # the first may still be taken by the kernel
+        write_now(transport, text_frame(b"lost"))
+    assert reactor.registrations >= 1  # Twisted's write found the connection lost
+
+
+def test_other_transports_keep_twisteds_write():
+    transport = StringTransport()
+    write_now(transport, b"abc")
+    assert transport.value() == b"abc"
