@@ -16,6 +16,7 @@ first subscriber to a group starts its feed, the last one to leave stops it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import weakref
@@ -63,9 +64,10 @@ class Subscriber(Protocol):
 class Feed:
     """One group's live events in this process, read once, handed to every subscriber."""
 
-    def __init__(self, layer: Any, group: str, owner: Feeds | None = None) -> None:
+    def __init__(self, layer: Any, group: str, owner: Feeds) -> None:
         self.layer, self.group = layer, group
         self.owner = owner
+        self.stopped = False
         self.subscribers: dict[Subscriber, None] = {}  # insertion-ordered set
         self.channel: str | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -83,6 +85,7 @@ class Feed:
             self.ready.set()
 
     async def stop(self) -> None:
+        self.stopped = True
         for task in self.tasks:
             task.cancel()
         if self.channel is not None:
@@ -109,10 +112,7 @@ class Feed:
                 # the process's feeds share one blocking read, so this feed may be the
                 # only one that saw the failure. Every feed joins again, as long as it
                 # takes, and every subscriber re-reads what it missed.
-                if self.owner is not None:
-                    await self.owner.repair(self.layer)
-                else:
-                    await self.rejoin()
+                await self.owner.repair(self.layer)
                 continue
             if message.get("type") == CATCH_UP_TYPE:
                 await self._each(lambda subscriber: subscriber.catch_up())
@@ -163,10 +163,15 @@ class Feed:
         return True
 
     async def rejoin(self) -> None:
-        """Join the group again, as long as it takes, then tell every subscriber that it
-        may have missed events."""
-        while not await self._join():
+        """Join the group again, as long as it takes (unless the feed stops meanwhile),
+        then tell every subscriber that it may have missed events."""
+        while not self.stopped and not await self._join():
             await asyncio.sleep(RETRY_S)
+        if self.stopped:
+            # Stopped while it waited: a join that landed after stop()'s leave is undone.
+            with contextlib.suppress(Exception):
+                await self.layer.group_discard(self.group, self.channel)
+            return
         await self._each(lambda subscriber: subscriber.catch_up())
 
 

@@ -318,6 +318,38 @@ async def test_a_restart_of_the_layer_rejoins_every_feed_of_the_process(monkeypa
     assert feeds._watcher is None
 
 
+class DownLayer(InMemoryChannelLayer):
+    """A real in-memory layer that refuses to join groups until it is `up` again."""
+
+    up = True
+
+    async def group_add(self, group: str, channel: str) -> None:
+        if not self.up:
+            raise ConnectionError("redis is down")
+        await super().group_add(group, channel)
+
+
+async def test_a_feed_stopped_during_a_repair_stops_trying_and_stays_out_of_its_group(
+    monkeypatch,
+):
+    monkeypatch.setattr(fanout, "RETRY_S", 0.01)
+    layer = DownLayer()
+    feeds = fanout.Feeds()
+    recorder = Recorder()
+    await feeds.subscribe(layer, "run.s", recorder)
+    feed = feeds.by_group["run.s"]
+    layer.up = False
+    layer.groups.clear()  # the restart forgot the group
+    repair = asyncio.ensure_future(feeds.repair(layer))
+    await asyncio.sleep(0.05)  # the repair retries the join
+    await feeds.unsubscribe("run.s", recorder)
+    await asyncio.wait_for(repair, 1)  # it gives up on a stopped feed...
+    layer.up = True
+    await asyncio.sleep(0.05)
+    assert feed.channel not in layer.groups.get("run.s", {})  # ...and never joins again
+    assert recorder.caught_up == 0
+
+
 async def test_a_layer_that_cannot_say_which_server_answers_is_not_watched():
     feeds = fanout.Feeds()
     recorder = Recorder()
