@@ -20,6 +20,11 @@ itself. When nothing waits in the transport's buffer, the frame goes to the sock
 straight away, as asyncio's own transports do; only what the socket does not take is
 buffered, and Twisted sends it as before. Frames keep their order: once anything is
 buffered, every later frame is buffered behind it.
+
+A feed hands a subscriber a quick call's start and result together; sent at once, they
+would be two packets for the client to read. Inside `send_batches.together()` a socket's
+frames are held in Twisted's own buffer (without registering the socket) and sent joined
+when the stretch ends, so whatever else is written meanwhile queues behind them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 from autobahn.websocket.protocol import PreparedMessage
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import tcp
+
+from toolhub import send_batches
 
 # The cache keeps the most recent texts' frames within both bounds; a text over
 # MAX_CACHED_BYTES is framed for its socket alone (as Daphne would).
@@ -98,22 +105,48 @@ class FramingWebSocketProtocol(WebSocketProtocol):
 def write_now(transport: Any, data: bytes) -> None:
     """Send `data` on a plain TCP connection now if nothing is waiting before it; what the
     socket does not take (or anything on another transport: TLS, a UNIX socket, a test's)
-    goes through Twisted's buffer."""
-    if (
+    goes through Twisted's buffer.
+
+    Inside `send_batches.together()` the bytes are held instead: appended to Twisted's
+    buffer without registering the socket, and sent joined when the stretch ends
+    (`_send_held`). Anything else written meanwhile (a close frame, another task's frame)
+    lands behind them in the same buffer and registers the socket as usual, so nothing
+    overtakes them and nothing waits on the stretch but the held bytes themselves."""
+    if _plain_tcp(transport) and transport.offset == len(transport.dataBuffer):
+        if send_batches.hold(transport, _send_held):
+            transport._tempDataBuffer.append(data)
+            transport._tempDataLen += len(data)
+            return
+        if not transport._tempDataBuffer:
+            sent = transport.writeSomeData(data)
+            if isinstance(sent, int):  # else the connection is lost: Twisted's write finds it
+                if sent == len(data):
+                    return
+                data = data[sent:]
+    transport.write(data)
+
+
+def _plain_tcp(transport: Any) -> bool:
+    return bool(
         type(transport) is tcp.Server
         and not transport.TLS
         and transport.connected
         and not transport.disconnecting
         and not transport._writeDisconnected
-        and not transport._tempDataBuffer
-        and transport.offset == len(transport.dataBuffer)
-    ):
-        sent = transport.writeSomeData(data)
-        if isinstance(sent, int):  # else the connection is lost: Twisted's write finds it
-            if sent == len(data):
-                return
-            data = data[sent:]
-    transport.write(data)
+    )
+
+
+def _send_held(transport: Any) -> None:
+    """Send a socket's buffer at the end of a stretch, as `write_now` sends one frame."""
+    if not transport._tempDataBuffer:
+        return  # Twisted sent it meanwhile (something else registered the socket)
+    if not (_plain_tcp(transport) and transport.offset == len(transport.dataBuffer)):
+        if transport.connected:
+            transport.startWriting()  # closing, or a partial send before: Twisted's turn
+        return
+    data = b"".join(transport._tempDataBuffer)
+    transport._tempDataBuffer, transport._tempDataLen = [], 0
+    write_now(transport, data)
 
 
 def _header_len(frame: bytes) -> int:

@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from toolhub import send_batches
+
 logger = logging.getLogger(__name__)
 
 # Group membership expires in the channel layer (group_expiry, a day): a feed
@@ -131,12 +133,14 @@ class Feed:
     async def hand_out_all(self, batch: list[dict[str, Any]]) -> None:
         """Each subscriber takes the whole batch in turn: the last event of the batch (a
         quick call's result) reaches the first subscribers without waiting for the first
-        event's fan-out to everyone, and a socket's frames of one batch leave in one write."""
+        event's fan-out to everyone, and a socket's frames of one batch leave together
+        (toolhub/send_batches.py)."""
         encoded = [(event, encode(event)) for event in batch]
 
         async def offer_all(subscriber: Subscriber) -> None:
-            for event, text in encoded:
-                await subscriber.offer(event, text)
+            with send_batches.together():
+                for event, text in encoded:
+                    await subscriber.offer(event, text)
 
         await self._each(offer_all)
 

@@ -11,6 +11,7 @@ parser test.)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -27,6 +28,7 @@ from websockets.sync.client import ClientConnection
 
 from tests.conftest import allow
 from tests.streams.conftest import EVENT_TIMEOUT, KeyClient, nothing_arrives, open_ws
+from toolhub import send_batches
 from toolhub.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame, write_now
 
 
@@ -292,3 +294,141 @@ def test_other_transports_keep_twisteds_write():
     transport = StringTransport()
     write_now(transport, b"abc")
     assert transport.value() == b"abc"
+
+
+# ------------------------------------------------- held together (send_batches)
+
+
+def frames_of(*texts: str) -> list[bytes]:
+    return [text_frame(text.encode()) for text in texts]
+
+
+def nothing_readable(peer: socket.socket) -> bool:
+    peer.settimeout(0.02)
+    try:
+        peer.recv(1)
+    except TimeoutError:
+        return True
+    return False
+
+
+def test_a_sockets_frames_in_a_stretch_leave_joined_at_its_end_without_registering(connection):
+    transport, peer, reactor = connection
+    start, result = frames_of('{"seq":1}', '{"seq":2}')
+    with send_batches.together():
+        write_now(transport, start)
+        write_now(transport, result)
+        assert nothing_readable(peer)  # held
+    assert reactor.registrations == 0 and not transport._tempDataBuffer
+    assert peer.recv(100) == start + result  # one send: one read
+    write_now(transport, start)  # after the stretch: at once again
+    assert peer.recv(100) == start
+
+
+def test_a_write_made_during_a_stretch_lands_behind_the_held_frames(connection):
+    transport, peer, reactor = connection
+    start, result = frames_of('{"seq":1}', '{"seq":2}')
+    close = b"\x88\x02\x03\xe8"  # a close frame, as autobahn writes it
+    with send_batches.together():
+        write_now(transport, start)
+        transport.write(close)  # Twisted's write: behind, and it registers the socket
+        write_now(transport, result)
+    assert reactor.registrations == 1  # the close frame's write registered the socket
+    expected = start + close + result
+    assert read_all(peer, transport, len(expected)) == expected
+
+
+def test_a_connection_closed_during_a_stretch_still_sends_the_held_frames_first(connection):
+    transport, peer, reactor = connection
+    start, result = frames_of('{"seq":1}', '{"seq":2}')
+    with send_batches.together():
+        write_now(transport, start)
+        write_now(transport, result)
+        transport.loseConnection()
+    assert transport in reactor.writers  # Twisted sends, then closes
+    assert read_all(peer, transport, len(start + result)) == start + result
+
+
+def test_a_held_batch_the_socket_does_not_take_is_buffered_and_later_frames_follow(connection):
+    transport, peer, reactor = connection
+    big, small = text_frame(b"x" * 1_000_000), text_frame(b'{"seq":3}')
+    with send_batches.together():
+        write_now(transport, big)
+    assert reactor.registrations == 1  # the rest waits for the loop
+    write_now(transport, small)
+    expected = big + small
+    assert read_all(peer, transport, len(expected)) == expected
+
+
+def test_a_held_batch_to_a_closed_peer_is_left_to_twisted(connection):
+    transport, peer, reactor = connection
+    peer.close()
+    for _ in range(3):  # the first may still be taken by the kernel
+        with send_batches.together():
+            write_now(transport, text_frame(b"lost"))
+    assert reactor.registrations >= 1  # Twisted's write found the connection lost
+
+
+def test_each_socket_of_a_stretch_gets_its_own_frames():
+    pairs = [socket.socketpair() for _ in range(2)]
+    reactor = Reactor()
+    transports: list[Any] = []
+    for ours, _ in pairs:
+        ours.setblocking(False)
+        transports.append(tcp.Server(ours, Protocol(), ("127.0.0.1", 1), None, 1, reactor))
+    try:
+        with send_batches.together():
+            for n, transport in enumerate(transports):
+                write_now(transport, text_frame(f'{{"to":{n}}}'.encode()))
+                write_now(transport, text_frame(b'{"seq":2}'))
+        for n, (_, peer) in enumerate(pairs):
+            assert peer.recv(100) == text_frame(f'{{"to":{n}}}'.encode()) + text_frame(b'{"seq":2}')
+        assert reactor.registrations == 0
+    finally:
+        for ours, peer in pairs:
+            ours.close()
+            peer.close()
+
+
+def test_other_transports_are_not_held():
+    transport = StringTransport()
+    with send_batches.together():
+        write_now(transport, b"abc")
+        assert transport.value() == b"abc"
+
+
+def test_stretches_nest_and_a_failing_send_does_not_keep_the_others(caplog):
+    sent: list[str] = []
+
+    def send(key: str) -> None:
+        if key == "broken":
+            raise RuntimeError("no socket")
+        sent.append(key)
+
+    assert not send_batches.hold("a", send)  # no stretch open
+    with send_batches.together():
+        assert send_batches.hold("a", send) and send_batches.hold("broken", send)
+        with send_batches.together():
+            assert send_batches.hold("b", send) and send_batches.hold("a", send)
+        assert sent == []  # the inner end is not the end
+    assert sent == ["a", "b"]  # each key once, in the order first held
+    assert "could not send a held batch" in caplog.text
+
+
+async def test_a_stretch_holds_only_its_own_tasks_sends():
+    seen: list[tuple[str, bool]] = []
+    inside = asyncio.Event()
+    done = asyncio.Event()
+
+    async def other() -> None:
+        await inside.wait()
+        seen.append(("other", send_batches.hold("other", lambda key: None)))
+        done.set()
+
+    task = asyncio.ensure_future(other())
+    with send_batches.together():
+        seen.append(("mine", send_batches.hold("mine", lambda key: None)))
+        inside.set()
+        await done.wait()
+    await task
+    assert seen == [("mine", True), ("other", False)]

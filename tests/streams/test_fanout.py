@@ -30,6 +30,7 @@ from apps.invocations.events import emit, run_group, tenant_group
 from apps.invocations.fanout import Feed, feeds_for
 from apps.tools.models import Tool
 from tests.conftest import allow
+from toolhub import send_batches
 from toolhub.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -200,7 +201,7 @@ async def test_a_feed_hands_a_batch_to_each_subscriber_in_turn():
     subscriber has the whole batch before the next one gets its first event."""
     layer = InMemoryChannelLayer()
     feeds = fanout.Feeds()
-    order: list[tuple[str, int]] = []
+    order: list[tuple[str, int | str]] = []
 
     class Named(Recorder):
         def __init__(self, name: str) -> None:
@@ -209,6 +210,8 @@ async def test_a_feed_hands_a_batch_to_each_subscriber_in_turn():
 
         async def offer(self, event: dict[str, Any], text: str) -> None:
             order.append((self.name, event["seq"]))
+            held = send_batches.hold(self, lambda held: order.append((held.name, "sent")))
+            order.append((self.name, "held" if held else "sent"))
             await super().offer(event, text)
 
     first, second = Named("first"), Named("second")
@@ -219,8 +222,15 @@ async def test_a_feed_hands_a_batch_to_each_subscriber_in_turn():
     await layer.group_send("run.b", run_event(3))
     await until(lambda: len(second.seen) == 3)
 
-    batch_order = [("first", 1), ("first", 2), ("second", 1), ("second", 2)]
-    assert order == [*batch_order, ("first", 3), ("second", 3)]
+    # A subscriber's sends of one batch are held and leave together at the end of its
+    # turn (toolhub/send_batches.py); a lone event is sent as it comes.
+    batch_order = [
+        *[("first", 1), ("first", "held"), ("first", 2), ("first", "held"), ("first", "sent")],
+        *[("second", 1), ("second", "held"), ("second", 2), ("second", "held")],
+        ("second", "sent"),
+    ]
+    lone = [("first", 3), ("first", "sent"), ("second", 3), ("second", "sent")]
+    assert order == [*batch_order, *lone]
     assert first.seen[1][1] is second.seen[1][1]  # still one encoding per event
     for subscriber in (first, second):
         await feeds.unsubscribe("run.b", subscriber)
