@@ -21,7 +21,10 @@ through decisions.decide (the model-level decision, no HTTP), their operator
 notifications are taken off the queue, then `--workers` toolhub_worker processes start
 on PostgreSQL (Redis as the channel layer) and the rate is N over the time from the
 first claim to the last final record. It checks that every record is final with
-exactly one tool_call_result event, and every queue entry SUCCESSFUL.
+exactly one tool_call_result event, and every queue entry SUCCESSFUL, and reads the CPU
+the workers, PostgreSQL and Redis spent over the drain (per call).
+
+--output PATH writes the JSON there instead of bench/results/.
 """
 
 from __future__ import annotations
@@ -234,6 +237,20 @@ def postgres_pids(server: Any) -> list[int]:
     return [postmaster, *children]
 
 
+def redis_pids(url: str) -> list[int]:
+    """The redis-server serving this URL (Redis titles itself `redis-server host:port`)."""
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "redis-server" in cmdline and (f":{port}" in cmdline or f"--port {port}" in cmdline):
+                found.append(int(entry.name))
+    return found
+
+
 def _parent(proc: Path) -> int:
     try:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -285,17 +302,20 @@ def throughput(count: int, workers: int) -> dict[str, Any]:
         deadline = time.monotonic() + 600
         while scalar(ready) == count:  # the workers are still starting
             time.sleep(0.05)
-        cpu_before = cpu_seconds(processes), cpu_seconds(postgres_pids(server))
+        others = postgres_pids(server), redis_pids(env["REDIS_URL"])
+        cpu_before = cpu_seconds(processes), cpu_seconds(others[0]), cpu_seconds(others[1])
         while scalar(unfinished):
             if time.monotonic() > deadline:
                 raise RuntimeError("the workers did not finish in 10 minutes")
             time.sleep(0.2)
-        cpu_after = cpu_seconds(processes), cpu_seconds(postgres_pids(server))
+        others = postgres_pids(server), others[1]
+        cpu_after = cpu_seconds(processes), cpu_seconds(others[0]), cpu_seconds(others[1])
         state = remote_step(env, "audit")
     state["calls_per_second"] = round(count / state["seconds"], 1)
     state["cpu_ms_per_call"] = {
         "workers": round((cpu_after[0] - cpu_before[0]) * 1000 / count, 2),
         "postgresql": round((cpu_after[1] - cpu_before[1]) * 1000 / count, 2),
+        "redis": round((cpu_after[2] - cpu_before[2]) * 1000 / count, 2),
     }
     return {"mode": "throughput", "workers": workers, **state}
 
@@ -315,6 +335,7 @@ def main() -> int:
     parser.add_argument("--modes", default="embedded,scale-out")
     parser.add_argument("--throughput", type=int, default=0, metavar="N")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--output", type=Path, help="where the JSON goes (default: bench/results/)")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.step:
@@ -327,7 +348,7 @@ def main() -> int:
         row = throughput(options.throughput, options.workers)
         sys.stdout.write(json.dumps(row) + "\n")
         RESULTS_DIR.mkdir(exist_ok=True)
-        out = RESULTS_DIR / f"queue-throughput-{datetime.now(UTC):%Y-%m-%d}.json"
+        out = options.output or RESULTS_DIR / f"queue-throughput-{datetime.now(UTC):%Y-%m-%d}.json"
         out.write_text(json.dumps({"results": [row]}, indent=2) + "\n")
         sys.stdout.write(f"wrote {out}\n")
         return 0
@@ -351,7 +372,7 @@ def main() -> int:
         results.append(row)
         sys.stdout.write(json.dumps(row) + "\n")
     RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"decision-{datetime.now(UTC):%Y-%m-%d}.json"
+    out = options.output or RESULTS_DIR / f"decision-{datetime.now(UTC):%Y-%m-%d}.json"
     out.write_text(json.dumps({"results": results}, indent=2) + "\n")
     sys.stdout.write(f"wrote {out}\n")
     return 0

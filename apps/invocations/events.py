@@ -222,6 +222,7 @@ def remember_server_loop() -> None:
 
 OUTBOX_LIMIT = 10_000  # pushes waiting for the layer; past it they are dropped (and logged)
 SEND_TIMEOUT_S = 5.0  # one send; a layer slower than this is treated as failing
+SEND_BATCH = 64  # pushes waiting behind each other sent together, where the layer can
 # After a send failed, the next attempt waits this long, doubling up to RETRY_MAX_S.
 RETRY_MIN_S, RETRY_MAX_S = 0.25, 2.0
 # The message that tells a group's feeds their subscribers may have missed pushes
@@ -260,6 +261,7 @@ class Outbox:
         self._handed: deque[tuple[Any, str, dict[str, Any]]] = deque()
         self._handed_lock = threading.Lock()
         self._waking = False
+        self.alone = 0  # how many of the next pushes go alone (after a batch failed)
 
     def hand(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
         """From any thread: queue the send on the loop, without waiting for it. Sends
@@ -310,17 +312,25 @@ class Outbox:
     async def _send_all(self) -> None:
         while self.pending or self.missed:
             if self.pending:
-                layer, group, envelope = self.pending.popleft()
-                error = await self._send(layer, group, envelope)
+                batch = self._next_batch()
+                error = await self._send_many(batch)
                 if error is None:
                     continue
+                if len(batch) > 1 and not _layer_down(error):
+                    # One of them is at fault, not the layer: each goes again alone, so
+                    # that only that one is lost.
+                    self.pending.extendleft(reversed(batch))
+                    self.alone = len(batch)
+                    continue
+                layer, group, envelope = batch[0]
                 event: dict[str, Any] = envelope.get("event") or next(
                     iter(envelope.get("events", [])), {}
                 )
                 logger.error(
-                    "could not push event %s#%s to the channel layer: %s",
+                    "could not push event %s#%s%s to the channel layer: %s",
                     event.get("runId"),
                     event.get("seq"),
+                    f" and {len(batch) - 1} more pushes" if len(batch) > 1 else "",
                     type(error).__name__,
                     exc_info=error,
                 )
@@ -329,7 +339,8 @@ class Outbox:
                 # A layer that fails or hangs (Redis restarting) would hold every later
                 # push behind this one: the waiting ones are dropped, and their groups
                 # are owed a catch-up once the layer answers again.
-                self._owe(layer, group)
+                for failed_layer, failed_group, _ in batch:
+                    self._owe(failed_layer, failed_group)
                 if self.pending:
                     logger.error(
                         "channel layer failing: %s waiting pushes dropped (their streams "
@@ -351,6 +362,30 @@ class Outbox:
             else:
                 logger.error("could not send a catch-up to %s", group, exc_info=error)
                 del self.missed[group]
+
+    def _next_batch(self) -> list[tuple[Any, str, dict[str, Any]]]:
+        """The next push, with those queued right behind it for the same layer when the
+        layer sends several in one round trip (toolhub.layers.RedisLayer.group_send_many)."""
+        batch = [self.pending.popleft()]
+        if self.alone:
+            self.alone -= 1
+            return batch
+        layer = batch[0][0]
+        if hasattr(layer, "group_send_many"):
+            while self.pending and len(batch) < SEND_BATCH and self.pending[0][0] is layer:
+                batch.append(self.pending.popleft())
+        return batch
+
+    async def _send_many(self, batch: list[tuple[Any, str, dict[str, Any]]]) -> Exception | None:
+        if len(batch) == 1:
+            return await self._send(*batch[0])
+        sends = [(group, message) for _, group, message in batch]
+        try:
+            await asyncio.wait_for(batch[0][0].group_send_many(sends), SEND_TIMEOUT_S)
+        except Exception as error:
+            return error
+        self.retry_s = RETRY_MIN_S
+        return None
 
     async def _send(self, layer: Any, group: str, message: dict[str, Any]) -> Exception | None:
         try:

@@ -189,6 +189,122 @@ def test_a_message_the_layer_refuses_is_not_retried_and_owes_no_catch_up(
     assert not outbox.pending and not outbox.missed and outbox.dropped == 0
 
 
+class BatchingLayer(InMemoryChannelLayer):
+    """An in-memory layer that also takes several group messages at once, as RedisLayer
+    does (toolhub/layers.py): it checks every group name before it sends anything."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batches: list[int] = []
+        self.down = False
+
+    async def group_send_many(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        self.batches.append(len(sends))
+        if self.down:
+            raise ConnectionError("the layer is restarting")
+        for group, _ in sends:
+            assert self.require_valid_group_name(group)
+        for group, message in sends:
+            await super().group_send(group, message)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        if self.down:
+            raise ConnectionError("the layer is restarting")
+        await super().group_send(group, message)
+
+
+def busy_while(loop: asyncio.AbstractEventLoop, hand: Any) -> None:
+    """Hand pushes over while the loop is busy with something else: they wait together."""
+    busy, release = threading.Event(), threading.Event()
+
+    def occupied() -> None:
+        busy.set()
+        release.wait(5)
+
+    loop.call_soon_threadsafe(occupied)
+    assert busy.wait(5)
+    hand()
+    release.set()
+
+
+def run_events(layer: Any, loop: asyncio.AbstractEventLoop, channel: str, count: int) -> list:
+    async def receive_all() -> list[Any]:
+        return [(await layer.receive(channel)).get("event", {}).get("seq") for _ in range(count)]
+
+    return asyncio.run_coroutine_threadsafe(receive_all(), loop).result(10)
+
+
+def test_pushes_waiting_behind_each_other_leave_together_in_their_order(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(events, "SEND_BATCH", 40)
+    layer = BatchingLayer(capacity=1000)
+    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
+    for group in ("g1", "g2"):
+        asyncio.run_coroutine_threadsafe(layer.group_add(group, channel), server_loop).result(5)
+    outbox = events.Outbox(server_loop)
+
+    def hand() -> None:
+        for seq in range(1, 51):
+            group = "g1" if seq % 2 else "g2"
+            outbox.hand(layer, group, {"type": "run.event", "event": {"seq": seq}})
+
+    busy_while(server_loop, hand)
+    assert run_events(layer, server_loop, channel, 50) == list(range(1, 51))
+    assert layer.batches == [40, 10]  # SEND_BATCH at a time
+
+
+def test_a_batch_with_a_message_the_layer_refuses_goes_again_one_by_one_losing_only_it(
+    server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
+) -> None:
+    layer = BatchingLayer()
+    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
+    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    outbox = events.Outbox(server_loop)
+
+    def hand() -> None:
+        outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 1}})
+        outbox.hand(layer, "bad group name!", {"type": "run.event", "event": {"seq": 2}})
+        outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 3}})
+
+    busy_while(server_loop, hand)
+    assert run_events(layer, server_loop, channel, 2) == [1, 3]
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), server_loop).result(5)
+    assert layer.batches == [3]  # then each alone, through group_send
+    assert caplog.text.count("could not push event") == 1
+    assert not outbox.pending and not outbox.missed and outbox.dropped == 0
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 4}})  # batches again
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 5}})
+    assert run_events(layer, server_loop, channel, 2) == [4, 5]
+
+
+def test_a_batch_the_layer_fails_owes_each_of_its_groups_a_catch_up(
+    server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(events, "RETRY_MIN_S", 0.05)
+    layer = BatchingLayer()
+    channels = {}
+    for group in ("g1", "g2"):
+        channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
+        asyncio.run_coroutine_threadsafe(layer.group_add(group, channel), server_loop).result(5)
+        channels[group] = channel
+    outbox = events.Outbox(server_loop)
+    layer.down = True
+
+    def hand() -> None:
+        outbox.hand(layer, "g1", {"type": "run.event", "event": {"seq": 1, "runId": "r1"}})
+        outbox.hand(layer, "g2", {"type": "run.event", "event": {"seq": 1, "runId": "r2"}})
+
+    busy_while(server_loop, hand)
+    asyncio.run_coroutine_threadsafe(asyncio.sleep(0.1), server_loop).result(5)
+    assert set(outbox.missed) == {"g1", "g2"}
+    assert "could not push event r1#1 and 1 more pushes" in caplog.text
+    layer.down = False  # back: each group's feeds are told to re-read
+    for channel in channels.values():
+        message = asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(5)
+        assert message == {"type": fanout.CATCH_UP_TYPE}
+
+
 class CuttableProxy:
     """A real TCP relay to Redis for one process's layer: `cut()` closes its sockets and
     turns new ones away (that process alone loses Redis), `mend()` lets them through."""

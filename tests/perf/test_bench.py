@@ -80,3 +80,32 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
     per_core = saved["raw"]["per_core"]
     assert sorted(per_core) == ["1", "2"]
     assert len(per_core["2"]["cpu_s_per_process"]) == 2
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres"),
+    reason="scale-out only: run in the suite's PostgreSQL pass",
+)
+def test_it_runs_the_queue_bench_on_a_tiny_load(tmp_path: Path) -> None:
+    """bench/decision.py --throughput: its own PostgreSQL server and Redis (never the
+    suite's database) and two workers. Every call must end with exactly one result; the
+    rate is not asserted on."""
+    output = tmp_path / "queue.json"
+    command = ["bench/decision.py", "--throughput", "30", "--workers", "2", "--output"]
+    done = subprocess.run(
+        [sys.executable, *command, str(output)],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(output.read_text())["results"]
+    assert row["records"] == row["final"] == row["succeeded"] == 30
+    assert row["calls_with_one_result"] == row["calls_with_results"] == 30
+    assert row["entries_not_successful"] == 0
+    assert row["calls_per_second"] > 0
+    assert set(row["cpu_ms_per_call"]) == {"workers", "postgresql", "redis"}
+    assert row["cpu_ms_per_call"]["redis"] > 0  # the Redis server was found and it worked

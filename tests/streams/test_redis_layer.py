@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
+import redis.asyncio.client
 from channels.exceptions import ChannelFull
 from channels_redis.core import RedisChannelLayer
 
@@ -170,6 +172,91 @@ def test_scripts_lost_by_redis_are_loaded_again(redis_url: str, raw: redis.Redis
         await here.group_send("run-e", {"type": "m", "n": 2})
         await here.send("a.reader", {"type": "m", "n": 3})
         assert [(await receive(here, "a.reader"))["n"] for _ in range(3)] == [1, 2, 3]
+        await here.flush()
+
+    asyncio.run(scenario())
+
+
+def test_several_group_messages_go_in_two_round_trips_and_arrive_as_one_after_the_other(
+    redis_url: str, raw: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """group_send_many: every group's members in one pipeline, every delivery in another;
+    what each channel gets, in what order, and the capacity rule are group_send's."""
+    round_trips: list[int] = []
+    pipelined = redis.asyncio.client.Pipeline.execute
+    single = redis.asyncio.Redis.execute_command
+
+    async def counted_pipeline(self: Any, *args: Any, **kwargs: Any) -> Any:
+        round_trips.append(len(self.command_stack))
+        return await pipelined(self, *args, **kwargs)
+
+    async def counted_single(self: Any, *args: Any, **kwargs: Any) -> Any:
+        round_trips.append(1)
+        return await single(self, *args, **kwargs)
+
+    async def scenario() -> None:
+        here = layer(RedisLayer, redis_url, capacity=3)
+        plain = layer(RedisChannelLayer, redis_url, capacity=3)  # a process of the other kind
+        first, second = await here.new_channel(), await here.new_channel()
+        for _ in range(3):
+            await here.send("slow.reader", {"type": "m", "n": 0})  # full
+        for channel in (first, second, "both.reader", "slow.reader"):
+            await here.group_add("run-m1", channel)
+        await here.group_add("run-m2", "both.reader")
+        await here.group_send("run-warm", {"type": "m"})  # Redis has both scripts now
+        monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", counted_pipeline)
+        monkeypatch.setattr(redis.asyncio.Redis, "execute_command", counted_single)
+        with caplog.at_level(logging.INFO):
+            await here.group_send_many(
+                [
+                    ("run-m1", {"type": "m", "n": 1}),
+                    ("run-m2", {"type": "m", "n": 2}),
+                    ("run-nobody", {"type": "m", "n": 3}),
+                    ("run-m1", {"type": "m", "n": 4}),
+                ]
+            )
+        # Four reads; then three deliveries (run-m1's to three channel keys: its two
+        # process-local channels share one), run-nobody's none.
+        assert round_trips == [4, 3]
+        monkeypatch.undo()
+        for channel in (first, second):
+            assert [(await receive(here, channel))["n"] for _ in range(2)] == [1, 4]
+        assert [(await receive(plain, "both.reader"))["n"] for _ in range(3)] == [1, 2, 4]
+        assert [(await receive(here, "slow.reader"))["n"] for _ in range(3)] == [0, 0, 0]
+        for channel in (first, second, "both.reader", "slow.reader"):
+            assert await nothing_for(here, channel)
+        await here.flush()
+
+    asyncio.run(scenario())
+    assert caplog.text.count("1 of 4 channels over capacity in group run-m1") == 2
+    assert not raw.keys("*nobody*")
+
+
+def test_several_group_messages_arrive_in_order_also_after_redis_lost_the_scripts(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        here = layer(RedisLayer, redis_url)
+        await here.group_add("run-f", "a.reader")
+        await here.group_send_many([("run-f", {"type": "m", "n": 1})])
+        raw.script_flush()  # as a Redis restart does
+        # Ten adds to one channel in one pipeline, read back in the order sent.
+        await here.group_send_many([("run-f", {"type": "m", "n": n}) for n in range(2, 12)])
+        assert [(await receive(here, "a.reader"))["n"] for _ in range(11)] == list(range(1, 12))
+        await here.flush()
+
+    asyncio.run(scenario())
+
+
+def test_several_group_messages_to_a_bad_group_name_send_nothing(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    async def scenario() -> None:
+        here = layer(RedisLayer, redis_url)
+        await here.group_add("run-h", "a.reader")
+        with pytest.raises(TypeError):
+            await here.group_send_many([("run-h", {"type": "m"}), ("bad name!", {"type": "m"})])
+        assert await nothing_for(here, "a.reader")
         await here.flush()
 
     asyncio.run(scenario())
