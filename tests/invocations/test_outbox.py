@@ -30,6 +30,14 @@ def server_loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
+def subscribed(layer: Any, loop: asyncio.AbstractEventLoop, *groups: str) -> str:
+    """A new channel of `layer`, in each of `groups`."""
+    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), loop).result(5)
+    for group in groups:
+        asyncio.run_coroutine_threadsafe(layer.group_add(group, channel), loop).result(5)
+    return channel
+
+
 class SlowLayer(InMemoryChannelLayer):
     """A layer whose sends take a while and yield in between: a Redis stand-in that
     would reorder concurrent sends."""
@@ -43,8 +51,7 @@ def test_threads_hand_pushes_over_in_order_without_waiting_for_them(
     server_loop: asyncio.AbstractEventLoop,
 ) -> None:
     layer = SlowLayer()
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g")
     outbox = events.outbox(server_loop)
 
     started = time.monotonic()
@@ -67,8 +74,7 @@ def test_pushes_handed_before_the_loop_takes_them_share_one_wake_up(
     """Each wake-up of the loop from another thread is a write to its self-pipe: pushes
     handed while the loop is busy ride on the one already asked for, in their order."""
     layer = InMemoryChannelLayer(capacity=1000)
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g")
     outbox = events.Outbox(server_loop)
     wake_ups = []
     real = server_loop.call_soon_threadsafe
@@ -106,8 +112,7 @@ def test_a_failing_send_is_logged_and_the_next_ones_still_go(
     server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
     layer = InMemoryChannelLayer()
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g")
     outbox = events.outbox(server_loop)
     outbox.hand(layer, "bad group name!", {"type": "run.event", "event": {"seq": 1}})
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), server_loop).result(5)
@@ -157,8 +162,7 @@ def test_a_hanging_layer_drops_the_waiting_pushes_and_owes_their_group_a_catch_u
             await super().group_send(group, message)
 
     layer = Restarting()
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g")
     outbox = events.Outbox(server_loop)
     for seq in range(1, 4):
         outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": seq}})
@@ -239,9 +243,7 @@ def test_pushes_waiting_behind_each_other_leave_together_in_their_order(
 ) -> None:
     monkeypatch.setattr(events, "SEND_BATCH", 40)
     layer = BatchingLayer(capacity=1000)
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    for group in ("g1", "g2"):
-        asyncio.run_coroutine_threadsafe(layer.group_add(group, channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g1", "g2")
     outbox = events.Outbox(server_loop)
 
     def hand() -> None:
@@ -258,8 +260,7 @@ def test_a_batch_with_a_message_the_layer_refuses_goes_again_one_by_one_losing_o
     server_loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
     layer = BatchingLayer()
-    channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-    asyncio.run_coroutine_threadsafe(layer.group_add("g", channel), server_loop).result(5)
+    channel = subscribed(layer, server_loop, "g")
     outbox = events.Outbox(server_loop)
 
     def hand() -> None:
@@ -283,11 +284,7 @@ def test_a_batch_the_layer_fails_owes_each_of_its_groups_a_catch_up(
 ) -> None:
     monkeypatch.setattr(events, "RETRY_MIN_S", 0.05)
     layer = BatchingLayer()
-    channels = {}
-    for group in ("g1", "g2"):
-        channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(5)
-        asyncio.run_coroutine_threadsafe(layer.group_add(group, channel), server_loop).result(5)
-        channels[group] = channel
+    channels = {group: subscribed(layer, server_loop, group) for group in ("g1", "g2")}
     outbox = events.Outbox(server_loop)
     layer.down = True
 

@@ -28,6 +28,22 @@ GOALS = [
 ]
 
 
+def run_bench(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """A bench script with this interpreter; its own throwaway state, never the suite's
+    database. Fails with the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 @pytest.mark.server
 def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: Path) -> None:
     output = tmp_path / "calls.json"
@@ -54,17 +70,7 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
         "--database",
         "postgres" if scale_out else "sqlite",
     ]
-    done = subprocess.run(
-        [sys.executable, "bench/calls.py", *tiny, "--output", str(output)],
-        cwd=ROOT,
-        # Its own throwaway state, never the suite's database.
-        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench(["bench/calls.py", *tiny, "--output", str(output)], timeout=120)
     lines = done.stdout.splitlines()
     mode = "PostgreSQL and Redis" if scale_out else "SQLite, in-memory layer"
     assert lines[0].startswith(f"toolhub call path, {mode},"), lines[0]
@@ -92,16 +98,7 @@ def test_it_runs_the_queue_bench_on_a_tiny_load(tmp_path: Path) -> None:
     rate is not asserted on."""
     output = tmp_path / "queue.json"
     command = ["bench/decision.py", "--throughput", "30", "--workers", "2", "--output"]
-    done = subprocess.run(
-        [sys.executable, *command, str(output)],
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_bench([*command, str(output)], timeout=180)
     (row,) = json.loads(output.read_text())["results"]
     assert row["records"] == row["final"] == row["succeeded"] == 30
     assert row["calls_with_one_result"] == row["calls_with_results"] == 30
