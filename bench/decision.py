@@ -303,6 +303,8 @@ def throughput(count: int, workers: int) -> dict[str, Any]:
         while scalar(ready) == count:  # the workers are still starting
             time.sleep(0.05)
         others = postgres_pids(server), redis_pids(env["REDIS_URL"])
+        if not others[1]:
+            raise RuntimeError("the bench's redis-server process was not found in /proc")
         cpu_before = cpu_seconds(processes), cpu_seconds(others[0]), cpu_seconds(others[1])
         while scalar(unfinished):
             if time.monotonic() > deadline:
