@@ -98,12 +98,12 @@ def write(
         guard = " AND EXISTS (SELECT 1 FROM claimed)" if index >= len(updates) else ""
         parts.append(f"u{index} AS ({built[0]}{guard} RETURNING 1)")
         params += built[1]
-    rows = [events.stored(item.tenant, item.run_id, item.event, 0) for item in pending]
-    if rows:
-        sql, event_params = _events_sql(connection, rows, [item.needs_claim for item in pending])
+    streamed = [events.streamed(item.run_id, item.event, 0) for item in pending]
+    if pending:
+        sql, event_params = _events_sql(connection, pending, streamed)
         parts.append(sql)
         params += event_params
-    numbered = "numbered" if rows else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
+    numbered = "numbered" if pending else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
     parts_sql = ", ".join(parts)
     answer_sql = (
         f"SELECT (SELECT count(*) FROM claimed), {current}, n.tenant_id, n.run_id, "  # noqa: S608
@@ -123,71 +123,107 @@ def write(
     if not claimed:
         claim.undo()
     last = {(int(t), str(r)): int(s) for _, _, t, r, s in answer if t is not None}
-    _number(rows, [not item.needs_claim or claimed for item in pending], last)
+    written = [
+        item for item in zip(pending, streamed, strict=True) if claimed or not item[0].needs_claim
+    ]
+    _number([((item.tenant.pk, item.run_id), message) for item, (message, _) in written], last)
+    # One push per event, as events.gathered().
     batches: list[tuple[Tenant, str, list[Event]]] = []
     messages: list[list[EventMessage]] = []
-    for item, row in zip(pending, rows, strict=True):
-        if claimed or not item.needs_claim:  # one push per event, as events.gathered()
-            batches.append((item.tenant, item.run_id, [item.event]))
-            messages.append([row.message])
+    for item, (message, _) in written:
+        batches.append((item.tenant, item.run_id, [item.event]))
+        messages.append([message])
     events.push_after_commit(batches, messages)
     return Started(claimed, None if seen is None else int(seen))
 
 
-def _events_sql(
-    connection: Any, rows: list[RunEvent], needs_claim: list[bool]
-) -> tuple[str, list[Any]]:
-    quote = connection.ops.quote_name
-    fields = [RunEvent._meta.get_field(name) for name in _EVENT_COLUMNS]
-    columns = [str(field.column) for field in fields]  # type: ignore[union-attr]
-    casts = [field.cast_db_type(connection) for field in fields]  # type: ignore[union-attr]
-    values: list[str] = []
-    params: list[Any] = []
-    for order, (row, gated) in enumerate(zip(rows, needs_claim, strict=True)):
-        values.append(
-            "("
-            + ", ".join(
-                [f"{order}", *(f"%s::{cast}" for cast in casts), "TRUE" if gated else "FALSE"]
-            )
-            + ")"
+@dataclass(frozen=True)
+class _EventColumns:
+    """What the events' part of the statement needs of RunEvent, per database."""
+
+    fields: list[Any]  # RunEvent's fields, in _EVENT_COLUMNS' order
+    casts: list[str]  # each one's type for a VALUES cast
+    names: str  # their quoted columns
+    message_select: str  # the written columns, the message renumbered
+    run_table: str
+    event_table: str
+
+
+_columns: dict[str, _EventColumns] = {}
+_event_statements: dict[tuple[str, tuple[bool, ...]], str] = {}
+
+
+def _event_columns(connection: Any) -> _EventColumns:
+    found = _columns.get(connection.alias)
+    if found is None:
+        quote = connection.ops.quote_name
+        fields = [RunEvent._meta.get_field(name) for name in _EVENT_COLUMNS]
+        columns = [str(field.column) for field in fields]  # type: ignore[union-attr]
+        found = _columns[connection.alias] = _EventColumns(
+            fields=fields,
+            casts=[str(field.cast_db_type(connection)) for field in fields],  # type: ignore[union-attr]
+            names=", ".join(quote(column) for column in columns),
+            message_select=", ".join(
+                "jsonb_set(w.message, '{seq}', to_jsonb(n.last_seq - w.later))"
+                if column == "message"
+                else f"w.{quote(column)}"
+                for column in columns
+            ),
+            run_table=quote(Run._meta.db_table),
+            event_table=quote(RunEvent._meta.db_table),
         )
-        for field in fields:
-            value = field.pre_save(row, add=True)  # type: ignore[union-attr]
-            params.append(field.get_db_prep_save(value, connection=connection))  # type: ignore[union-attr]
-    names = ", ".join(quote(column) for column in columns)
-    run_table, event_table = quote(Run._meta.db_table), quote(RunEvent._meta.db_table)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    message = ", ".join(
-        "jsonb_set(w.message, '{seq}', to_jsonb(n.last_seq - w.later))"
-        if column == "message"
-        else f"w.{quote(column)}"
-        for column in columns
-    )
-    sql = (
-        f"wanted AS (SELECT * FROM (VALUES {', '.join(values)}) "  # noqa: S608 (names only)
-        f"AS e(ord, {names}, needs_claim) "
-        "WHERE NOT e.needs_claim OR EXISTS (SELECT 1 FROM claimed)), "
-        f"numbered AS (INSERT INTO {run_table} (tenant_id, run_id, last_seq, created_at) "
-        "SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
-        "GROUP BY tenant_id, run_id ORDER BY tenant_id, run_id "
-        f"ON CONFLICT (tenant_id, run_id) DO UPDATE SET last_seq = {run_table}.last_seq "
-        "+ excluded.last_seq RETURNING tenant_id, run_id, last_seq), "
-        f"written AS (INSERT INTO {event_table} ({names}, seq) SELECT {message}, "
-        "n.last_seq - w.later FROM (SELECT *, count(*) OVER (PARTITION BY tenant_id, "
-        "run_id ORDER BY ord DESC) - 1 AS later FROM wanted) AS w JOIN numbered AS n "
-        "ON n.tenant_id = w.tenant_id AND n.run_id = w.run_id RETURNING 1)"
-    )
-    return sql, [*params, now]
+    return found
 
 
-def _number(rows: list[RunEvent], written: list[bool], last: dict[tuple[int, str], int]) -> None:
-    """Give the written rows (and their messages) the numbers the statement gave them."""
+def _events_sql(
+    connection: Any, pending: list[Pending], streamed: list[tuple[EventMessage, Any]]
+) -> tuple[str, list[Any]]:
+    """The events' CTEs (wanted, numbered, written) and their parameters. The text depends
+    only on the database and on which events need the claim: built once per shape."""
+    table = _event_columns(connection)
+    gated = tuple(item.needs_claim for item in pending)
+    params: list[Any] = []
+    for item, (message, at) in zip(pending, streamed, strict=True):
+        # What Django writes for each column (get_db_prep_save), as statements.insert.
+        event = item.event
+        values: list[Any] = [item.tenant.pk, item.run_id, event.type, event.tool_call_id]
+        values += [event.tool_id, message, at]
+        for field, value in zip(table.fields, values, strict=True):
+            params.append(field.get_db_prep_save(value, connection=connection))
+    params.append(connection.ops.adapt_datetimefield_value(timezone.now()))
+    key = (connection.alias, gated)
+    sql = _event_statements.get(key)
+    if sql is None:
+        rows = [
+            "("
+            + ", ".join([f"{order}", *(f"%s::{cast}" for cast in table.casts), str(needs).upper()])
+            + ")"
+            for order, needs in enumerate(gated)
+        ]
+        sql = _event_statements[key] = (
+            f"wanted AS (SELECT * FROM (VALUES {', '.join(rows)}) "  # noqa: S608 (names only)
+            f"AS e(ord, {table.names}, needs_claim) "
+            "WHERE NOT e.needs_claim OR EXISTS (SELECT 1 FROM claimed)), "
+            f"numbered AS (INSERT INTO {table.run_table} (tenant_id, run_id, last_seq, "
+            "created_at) SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
+            "GROUP BY tenant_id, run_id ORDER BY tenant_id, run_id "
+            f"ON CONFLICT (tenant_id, run_id) DO UPDATE SET last_seq = {table.run_table}"
+            ".last_seq + excluded.last_seq RETURNING tenant_id, run_id, last_seq), "
+            f"written AS (INSERT INTO {table.event_table} ({table.names}, seq) SELECT "
+            f"{table.message_select}, n.last_seq - w.later FROM (SELECT *, count(*) OVER "
+            "(PARTITION BY tenant_id, run_id ORDER BY ord DESC) - 1 AS later FROM wanted) "
+            "AS w JOIN numbered AS n ON n.tenant_id = w.tenant_id AND n.run_id = w.run_id "
+            "RETURNING 1)"
+        )
+    return sql, params
+
+
+def _number(
+    written: list[tuple[tuple[int, str], EventMessage]], last: dict[tuple[int, str], int]
+) -> None:
+    """Give the written events' messages the numbers the statement gave them: a run's
+    last one its new last number, each earlier one one less."""
     after: dict[tuple[int, str], int] = {}
-    for row, kept in reversed(list(zip(rows, written, strict=True))):
-        if not kept:
-            continue
-        key = (row.tenant_id, row.run_id)
-        row.seq = last[key] - after.get(key, 0)
-        row.message["seq"] = row.seq
+    for key, message in reversed(written):
+        message["seq"] = last[key] - after.get(key, 0)
         after[key] = after.get(key, 0) + 1
-        row._state.adding = False

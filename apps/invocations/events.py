@@ -176,6 +176,21 @@ def _write(batches: list[tuple[Tenant, str, list[Event]]]) -> list[list[EventMes
 
 def stored(tenant: Tenant, run_id: str, event: Event, seq: int) -> RunEvent:
     """The event as streamed (its message) and as stored, numbered `seq`."""
+    message, at = streamed(run_id, event, seq)
+    return RunEvent(
+        tenant=tenant,
+        run_id=run_id,
+        seq=seq,
+        type=event.type,
+        tool_call_id=event.tool_call_id,
+        tool_id=event.tool_id,
+        message=message,
+        at=at,
+    )
+
+
+def streamed(run_id: str, event: Event, seq: int) -> tuple[EventMessage, datetime]:
+    """The event's message as streamed, numbered `seq`, and its time."""
     at = event.at or timezone.now()
     message: EventMessage = {
         "v": EVENT_VERSION,
@@ -187,16 +202,7 @@ def stored(tenant: Tenant, run_id: str, event: Event, seq: int) -> RunEvent:
         "at": at.isoformat().replace("+00:00", "Z"),
         **event.fields,  # type: ignore[typeddict-item]
     }
-    return RunEvent(
-        tenant=tenant,
-        run_id=run_id,
-        seq=seq,
-        type=event.type,
-        tool_call_id=event.tool_call_id,
-        tool_id=event.tool_id,
-        message=message,
-        at=at,
-    )
+    return message, at
 
 
 def push_after_commit(

@@ -14,6 +14,7 @@ invocations app's records and events, an approval's claim).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connections, models
@@ -21,7 +22,7 @@ from django.db import DatabaseError, connections, models
 from toolhub.postgresql import statement_cursor
 
 _statements: dict[tuple[type[models.Model], str, int], str] = {}
-_updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], str] = {}
+_updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], _Update] = {}
 
 
 def _columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
@@ -85,42 +86,67 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     return bool(changed)
 
 
+@dataclass(frozen=True)
+class _Update:
+    """An UPDATE's text and what its parameters need, per model, database and shape."""
+
+    targets: list[models.Field[Any, Any]]  # the SET fields, in order
+    guards: list[models.Field[Any, Any]]  # the `only_if` fields, in order
+    plain: bool  # no field with a placeholder of its own (else Django's update)
+    sql: str
+
+
+def _update(
+    model: type[models.Model], connection: Any, fields: tuple[str, ...], only_if: tuple[str, ...]
+) -> _Update:
+    key = (model, connection.alias, fields, only_if)
+    found = _updates.get(key)
+    if found is None:
+        meta = model._meta
+        targets = [meta.get_field(name) for name in fields]
+        guards = [meta.get_field(name) for name in only_if]
+        quote = connection.ops.quote_name
+        assert meta.pk is not None
+        where = [meta.pk, *guards]
+        found = _updates[key] = _Update(
+            targets=targets,  # type: ignore[arg-type]
+            guards=guards,  # type: ignore[arg-type]
+            plain=_plain(targets),  # type: ignore[arg-type]
+            sql=(
+                f"UPDATE {quote(meta.db_table)} SET "  # noqa: S608 (names, not values)
+                + ", ".join(f"{quote(str(field.column))} = %s" for field in targets)  # type: ignore[union-attr]
+                + " WHERE "
+                + " AND ".join(f"{quote(str(field.column))} = %s" for field in where)  # type: ignore[union-attr]
+            ),
+        )
+    return found
+
+
 def update_sql(
     row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None = None
 ) -> tuple[str, list[Any]] | None:
     """The statement `update()` sends and its parameters, or None for a row only Django's
     own update can write (see the module docstring)."""
     model = type(row)
-    meta = model._meta
-    using = row._state.db or "default"
-    connection = connections[using]
-    targets = [meta.get_field(name) for name in fields]
-    values = [field.pre_save(row, add=False) for field in targets]
-    guards = [(meta.get_field(name), value) for name, value in (only_if or {}).items()]
-    if not _plain(targets) or any(hasattr(value, "resolve_expression") for value in values):
+    connection = connections[row._state.db or "default"]
+    shape = _update(model, connection, fields, tuple(only_if or ()))
+    if not shape.plain:
+        return None
+    values = [field.pre_save(row, add=False) for field in shape.targets]
+    if any(hasattr(value, "resolve_expression") for value in values):
         return None
     params = [
         field.get_db_prep_save(value, connection=connection)
-        for field, value in zip(targets, values, strict=True)
+        for field, value in zip(shape.targets, values, strict=True)
     ]
     if any(hasattr(value, "as_sql") for value in params):
         return None
-    key = (model, using, fields, tuple(only_if or ()))
-    sql = _updates.get(key)
-    if sql is None:
-        quote = connection.ops.quote_name
-        where = [meta.pk, *(field for field, _ in guards)]
-        sql = _updates[key] = (
-            f"UPDATE {quote(meta.db_table)} SET "  # noqa: S608 (names, not values)
-            + ", ".join(f"{quote(str(field.column))} = %s" for field in targets)
-            + " WHERE "
-            + " AND ".join(f"{quote(str(field.column))} = %s" for field in where)
-        )
-    assert meta.pk is not None
-    params.append(meta.pk.get_db_prep_value(row.pk, connection=connection, prepared=False))
-    for field, value in guards:
+    pk = model._meta.pk
+    assert pk is not None
+    params.append(pk.get_db_prep_value(row.pk, connection=connection, prepared=False))
+    for field, value in zip(shape.guards, (only_if or {}).values(), strict=True):
         params.append(field.get_db_prep_value(value, connection=connection, prepared=False))
-    return sql, params
+    return shape.sql, params
 
 
 class Guarded:
