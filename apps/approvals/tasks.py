@@ -73,7 +73,9 @@ def run_approved_calls(
         str(approval.pk): approval
         for approval in ApprovalRequest.objects.select_related(
             "tenant", "invocation", "requested_by"
-        ).filter(pk__in=approval_ids)
+        )
+        .filter(pk__in=approval_ids)
+        .order_by()  # into a dict: the model's ordering would only add a sort
     }
     outcomes: dict[str, str] = {}
     finished: dict[str, list[str]] = {}
