@@ -115,6 +115,9 @@ class Call:
     decision: policy.Decision | None = None
     connection_id: str = ""
     params: ToolParams | None = None
+    # The validated args as JSON values, dumped once (step 5); the request hash and the
+    # rules (step 5b) read them, never change them.
+    args_json: dict[str, Any] | None = field(default=None, repr=False)
     request_hash: str = ""
     record: InvocationRecord | None = None
     context: ToolContext | None = field(default=None, repr=False)
@@ -672,9 +675,8 @@ def validate_args(call: Call) -> None:
         call.params = call.registered.contract.params.model_validate_json(encoded, strict=True)
     except ValidationError as exc:
         raise Refusal(ErrorCode.VALIDATION, explain_validation(exc)) from None
-    call.request_hash = request_hash(
-        call.tool.id, call.params.model_dump(mode="json"), call.connection_id
-    )
+    call.args_json = call.params.model_dump(mode="json")
+    call.request_hash = request_hash(call.tool.id, call.args_json, call.connection_id)
 
 
 # Made once: json.dumps with any option builds a new encoder per call (issue 13). They
@@ -701,10 +703,8 @@ def explain_validation(exc: ValidationError) -> str:
 
 def apply_rules(call: Call) -> None:
     """5b. Policy rules (CEL over the validated args): deny, or require approval."""
-    assert call.evaluator is not None and call.tool is not None and call.params is not None
-    call.decision = call.evaluator.decide(
-        call.tool, args=call.params.model_dump(mode="json"), run_id=call.run_id
-    )
+    assert call.evaluator is not None and call.tool is not None and call.args_json is not None
+    call.decision = call.evaluator.decide(call.tool, args=call.args_json, run_id=call.run_id)
     if not call.decision.allowed:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
 

@@ -90,9 +90,18 @@ class Evaluator:
             )
         )
         self._listed = {p.pk: {t.pk for t in p.tools.all()} for p in self.policies}
+        # Read per call, so taken out of the prefetch once (issue 13): each policy's
+        # rules in order, and the policies that list a tool, by tool id.
+        self._rules = [(policy, list(policy.rules.all())) for policy in self.policies]
+        self._admitting: dict[str, list[Policy]] = {}
 
     def admitting(self, tool: Tool) -> list[Policy]:
-        return [p for p in self.policies if p.lists(tool, self._listed[p.pk])]
+        """The policies whose allowlist names the tool (callers do not change the list)."""
+        found = self._admitting.get(tool.pk)
+        if found is None:
+            found = [p for p in self.policies if p.lists(tool, self._listed[p.pk])]
+            self._admitting[tool.pk] = found
+        return found
 
     def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
         """Without `args` (the catalog) rules are not evaluated; with them, they are."""
@@ -106,8 +115,8 @@ class Evaluator:
                 candidates.append(
                     (Outcome.ALLOW, policy.label, f"Allowed by policy {policy.name!r}.")
                 )
-        for policy in self.policies:
-            for rule in policy.rules.all():
+        for _, rules in self._rules:
+            for rule in rules:
                 if rule.matches(tool):
                     verdict = self._apply(rule, tool, args, run_id)
                     if verdict is not None:
@@ -150,7 +159,8 @@ class Evaluator:
 
 # Evaluators as of the authorization epoch, per tenant, principal and user: a policy,
 # rule, listed tool, tool or group membership edited changes it, so the next call loads
-# them again (issue 13). An evaluator is read-only once built, so threads share it.
+# them again (issue 13). Threads share an evaluator: what it keeps per tool id is the
+# same whichever thread computes it.
 _EVALUATORS = EpochCache("policy evaluators")
 
 
