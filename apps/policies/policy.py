@@ -94,6 +94,7 @@ class Evaluator:
         # rules in order, and the policies that list a tool, by tool id.
         self._rules = [(policy, list(policy.rules.all())) for policy in self.policies]
         self._admitting: dict[str, list[Policy]] = {}
+        self._listing: dict[tuple[str, str], Decision] = {}
 
     def admitting(self, tool: Tool) -> list[Policy]:
         """The policies whose allowlist names the tool (callers do not change the list)."""
@@ -104,7 +105,18 @@ class Evaluator:
         return found
 
     def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
-        """Without `args` (the catalog) rules are not evaluated; with them, they are."""
+        """Without `args` (the catalog, step 2 of a call) rules are not evaluated, and the
+        decision depends on the tool's id and effect alone: made once per tool. With them,
+        rules are evaluated on every call."""
+        if args is not None:
+            return self._decide(tool, args, run_id)
+        key = (tool.pk, tool.effect)
+        found = self._listing.get(key)
+        if found is None:
+            found = self._listing[key] = self._decide(tool, None, run_id)
+        return found
+
+    def _decide(self, tool: Tool, args: dict[str, Any] | None, run_id: str) -> Decision:
         candidates: list[tuple[str, str, str]] = []
         admitting = self.admitting(tool)
         for policy in admitting:
