@@ -61,7 +61,7 @@ from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
 from apps.policies import policy
-from apps.tenants import epoch
+from apps.tenants import callers, epoch
 from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.capabilities import Capabilities
@@ -449,20 +449,27 @@ def resume(
         attempts += 1
         one_statement = one_statement and attempts <= EPOCH_ATTEMPTS
         known = closing.epoch if one_statement and closing is not None else None
-        call = _call_for(approval, args=approval.args)
-        call.on_linger = on_linger
-        try:
-            checked_at = check_call(call, known)
-            if call.request_hash != approval.bound_hash:
-                raise Refusal(ErrorCode.POLICY_DENIED, "The call differs from what was approved.")
-        except Refusal as refusal:
+        refused: Refusal | None = None
+        with epoch.pinned(known):  # the requester's rows and the checks, at one epoch
+            _join_requester(approval)
+            call = _call_for(approval, args=approval.args)
+            call.on_linger = on_linger
+            try:
+                checked_at = check_call(call, known)
+                if call.request_hash != approval.bound_hash:
+                    raise Refusal(
+                        ErrorCode.POLICY_DENIED, "The call differs from what was approved."
+                    )
+            except Refusal as refusal:
+                refused = refusal
+        if refused is not None:
             if known is not None and closing is not None and epoch.read() != known:
                 closing.epoch = None  # refused at an older epoch: check again at today's
                 continue
             with transaction.atomic(), events.gathered():
                 if closing is not None:
                     closing.write()
-                return record_refusal(call, refusal) if claim is None or claim() else None
+                return record_refusal(call, refused) if claim is None or claim() else None
         if not one_statement:
             break
         assert closing is not None and isinstance(claim, statements.Guarded)
@@ -553,6 +560,15 @@ def run_started(call: Call) -> InvocationRecord:
         return record_result(call, redact_result(call, result))
     except Refusal as refusal:
         return record_refusal(call, _scrubbed(call, refusal))
+
+
+def _join_requester(approval: ApprovalRequest) -> None:
+    """The approval's tenant and requesting user, as of the epoch in force: a worker's
+    batch read does not join them (callers.requester)."""
+    tenant, user = callers.requester(approval.tenant_id, approval.requested_by_id)
+    model = type(approval)
+    model.tenant.field.set_cached_value(approval, tenant)
+    model.requested_by.field.set_cached_value(approval, user)
 
 
 def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 
+from apps.tenants.epoch import EpochCache
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import service_username
 
@@ -49,6 +50,22 @@ class Caller:
                 raise NoTenant("Name the tenant to act in with the X-Toolhub-Tenant header.")
             tenant = found[0]
         return cls(tenant=tenant, principal=f"user:{user.get_username()}", user=user)
+
+
+# A held call's tenant and requesting user by id, as of the authorization epoch: a worker
+# takes them from here for each call it runs, at the epoch that call's checks are answered
+# at, instead of joining both to its batch's read of approvals (issue 13). Editing either
+# row changes the epoch.
+_REQUESTERS = EpochCache("requesters")
+
+
+def requester(tenant_id: int, user_id: int) -> tuple[Tenant, User]:
+    """The tenant's and the user's rows, as of the epoch (DoesNotExist if one is gone)."""
+
+    def load() -> tuple[Tenant, User]:
+        return Tenant.objects.get(pk=tenant_id), get_user_model().objects.get(pk=user_id)
+
+    return _REQUESTERS.get((tenant_id, user_id), load)
 
 
 class UnknownPrincipal(Exception):

@@ -326,3 +326,56 @@ def test_a_call_whose_next_call_fails_to_start_still_has_its_end_written(
     held[1].refresh_from_db()
     assert held[1].status == ApprovalStatus.APPROVED  # rolled back: a later worker runs it
     assert record_of(held[1]).ended_at is None
+
+
+def test_a_batch_reads_its_records_not_its_requesters_and_each_call_takes_them_at_its_epoch(
+    caller, operator, tally
+):
+    """Issue 13: the batch's read joins the records, not the tenants and users; each call
+    takes its tenant and requesting user from the epoch's cache (callers.requester), so a
+    batch of one requester's calls reads those rows at most once."""
+    approved(caller, operator, tally, "r0", "r1", "r2")
+    batched = worker.build_worker("requesters", batch=True, interval=0, claim_batch=3)
+    with CaptureQueriesContext(connection) as ran:
+        assert batched.run_next() is not None
+
+    assert [tally.count(f"r{n}") for n in range(3)] == [1, 1, 1]
+    sqls = [query["sql"] for query in ran.captured_queries]
+    tenant_table = connection.ops.quote_name("tenants_tenant")
+    user_table = connection.ops.quote_name("auth_user")
+    (read,) = [
+        sql
+        for sql in sqls
+        if "FROM " + connection.ops.quote_name("approvals_approvalrequest") in sql
+        and sql.lstrip().upper().startswith("SELECT")
+    ]
+    assert connection.ops.quote_name("invocations_invocationrecord") in read
+    assert tenant_table not in read and user_table not in read
+    assert len([sql for sql in sqls if f"FROM {tenant_table}" in sql]) <= 1
+    assert len([sql for sql in sqls if f"FROM {user_table}" in sql]) <= 1
+
+
+def test_a_requester_edited_after_the_batch_was_read_is_seen_by_its_next_call(
+    caller, operator, tally, monkeypatch
+):
+    """The requester's rows come from a cache kept under the authorization epoch: a user
+    deactivated while the worker runs its batch is refused on the batch's next call."""
+    approved(caller, operator, tally, "e0", "e1")
+    requester = ApprovalRequest.objects.get(run_id="run-e0").requested_by
+    real_run = runner.run_started
+
+    def deactivate_after_first(call):
+        record = real_run(call)
+        if call.run_id == "run-e0":
+            requester.is_active = False
+            requester.save(update_fields=["is_active"])  # changes the epoch
+        return record
+
+    batched = worker.build_worker("edited", batch=True, interval=0, claim_batch=2)
+    monkeypatch.setattr(runner, "run_started", deactivate_after_first)
+    assert batched.run_next() is not None
+
+    assert (tally.count("e0"), tally.count("e1")) == (1, 0)
+    second = ApprovalRequest.objects.get(run_id="run-e1")
+    assert second.status == ApprovalStatus.FAILED
+    assert record_of(second).error_code == "authz_denied"
