@@ -21,6 +21,9 @@ of it):
   fixed order (no deadlock between workers), and each event's number is its run's new
   last number minus the wanted events after it, written into its stored message too.
 
+A batch's last ends (runner.Closing.flush) are the same statement without a claim: an
+empty `claimed`, the ends' UPDATEs, the counters and their events.
+
 What each row ends up holding is what the statements one by one write, for the same
 values; `tests/approvals/test_combined_start.py` compares them. Other databases (SQLite)
 keep the statements one by one: `available()`.
@@ -68,32 +71,40 @@ class Started:
 
 def write(
     updates: list[tuple[Any, tuple[str, ...]]],
-    claim: statements.Guarded,
+    claim: statements.Guarded | None,
     claimed_updates: list[tuple[Any, tuple[str, ...]]],
     pending: list[Pending],
-    at_epoch: int,
+    at_epoch: int | None,
 ) -> Started | None:
     """Send `updates`, the claim, `claimed_updates` (only if it applied) and the events of
     `pending` as one statement. The claim also requires the authorization epoch to still
     be `at_epoch`, the one the call's checks were answered at: after an edit it does not
-    apply, and the answer's epoch differs (check again). None, with nothing sent, when a
-    row has a field only Django's own update can write: use the statements one by one."""
-    using = claim.row._state.db or "default"
+    apply, and the answer's epoch differs (check again). Without a claim (a batch's last
+    ends, Closing.flush) `updates` and the events that do not need one are written. None,
+    with nothing sent, when a row has a field only Django's own update can write: use the
+    statements one by one."""
+    assert claim is not None or not claimed_updates
+    first = claim.row if claim is not None else updates[0][0]
+    using = first._state.db or "default"
     connection = connections[using]
-    claim.apply()
+    undo = claim.undo if claim is not None else _nothing
     parts: list[str] = []
     params: list[Any] = []
-    built = statements.update_sql(claim.row, claim.fields, only_if=claim.only_if)
-    if built is None:
-        claim.undo()
-        return None
     current = epoch.value_sql(using)
-    parts.append(f"claimed AS ({built[0]} AND {current} = %s RETURNING 1)")
-    params += [*built[1], at_epoch]
+    if claim is None:
+        parts.append("claimed AS (SELECT 1 WHERE false)")
+    else:
+        claim.apply()
+        built = statements.update_sql(claim.row, claim.fields, only_if=claim.only_if)
+        if built is None:
+            undo()
+            return None
+        parts.append(f"claimed AS ({built[0]} AND {current} = %s RETURNING 1)")
+        params += [*built[1], at_epoch]
     for index, (row, fields) in enumerate([*updates, *claimed_updates]):
         built = statements.update_sql(row, fields)
         if built is None:
-            claim.undo()
+            undo()
             return None
         guard = " AND EXISTS (SELECT 1 FROM claimed)" if index >= len(updates) else ""
         parts.append(f"u{index} AS ({built[0]}{guard} RETURNING 1)")
@@ -117,11 +128,11 @@ def write(
             cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
             answer = cursor.fetchall()
     except BaseException:  # nothing was written: the row as it was
-        claim.undo()
+        undo()
         raise
     claimed, seen = bool(answer[0][0]), answer[0][1]
     if not claimed:
-        claim.undo()
+        undo()
     last = {(int(t), str(r)): int(s) for _, _, t, r, s in answer if t is not None}
     written = [
         item for item in zip(pending, streamed, strict=True) if claimed or not item[0].needs_claim
@@ -135,6 +146,10 @@ def write(
         messages.append([message])
     events.push_after_commit(batches, messages)
     return Started(claimed, None if seen is None else int(seen))
+
+
+def _nothing() -> None:
+    pass
 
 
 @dataclass(frozen=True)

@@ -411,10 +411,16 @@ class Closing:
         self._ends = [end for end in self._ends if all(end is not other for other in ends)]
 
     def flush(self) -> None:
-        """Write what is left in a transaction of its own."""
-        if self._ends:
-            with transaction.atomic(), events.gathered():
-                self.write()
+        """Write what is left in a transaction of its own: on PostgreSQL one statement
+        (apps.invocations.combined, as a start's), else the statements one by one."""
+        ends = list(self._ends)
+        if not ends:
+            return
+        if combined.available() and _write_ends_combined(ends):
+            self.done(ends)
+            return
+        with transaction.atomic(), events.gathered():
+            self.write()
 
 
 def resume(
@@ -516,10 +522,7 @@ def _start_combined(
     _mark_started(call, now)
     if ends is None:
         ends = closing.pending()
-    pending = [
-        combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False)
-        for end in ends
-    ]
+    pending = _end_events(ends)
     pending.append(
         combined.Pending(call.caller.tenant, call.run_id, _start_event(call, now), needs_claim=True)
     )
@@ -541,6 +544,27 @@ def _start_combined(
         for end in ends:
             transaction.on_commit(partial(_log, end))
     return started
+
+
+def _end_events(ends: list[InvocationRecord]) -> list[combined.Pending]:
+    """The closed records' tool_call_result events, for one statement (combined)."""
+    return [
+        combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False)
+        for end in ends
+    ]
+
+
+def _write_ends_combined(ends: list[InvocationRecord]) -> bool:
+    """The ends alone, with their events, as one statement; False if it cannot be sent so
+    (nothing was written)."""
+    written = combined.write(
+        [(end, CLOSING_FIELDS) for end in ends], None, [], _end_events(ends), None
+    )
+    if written is None:
+        return False
+    for end in ends:
+        transaction.on_commit(partial(_log, end))
+    return True
 
 
 def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> InvocationRecord:
