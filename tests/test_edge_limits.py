@@ -159,8 +159,7 @@ def test_it_still_serves_a_body_under_the_limit_chunked_or_not(server):
 
 
 async def call_asgi(headers: list[tuple[bytes, bytes]], pieces: list[bytes]) -> list[dict]:
-    from django.core.asgi import get_asgi_application
-
+    from toolhub.asgi_handler import get_asgi_application
     from toolhub.limits import BodyLimitMiddleware
 
     app = BodyLimitMiddleware(get_asgi_application(), limit=4096)

@@ -2,7 +2,7 @@
 
 import os
 
-from django.core.asgi import get_asgi_application
+from toolhub.asgi_handler import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
 django_asgi_app = get_asgi_application()

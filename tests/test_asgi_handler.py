@@ -1,0 +1,180 @@
+"""A request through toolhub's ASGI handler crosses to its thread once (issue 13).
+
+Django's own ASGI handler ran every hook of every synchronous middleware as a separate
+hand-over from the event loop to the request's thread and back. toolhub's handler
+(toolhub/asgi_handler.py) runs the whole chain and the view in one crossing; what it
+answers must not change.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from asgiref.sync import SyncToAsync
+from django.core.handlers.asgi import ASGIHandler
+from django.test import override_settings
+
+from tests.conftest import allow, make_agent
+from toolhub.asgi_handler import OneThreadASGIHandler
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def request(
+    app: Any, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+    if body:
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await _forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": method, "path": path, "raw_path": path.encode(),
+        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+        "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers_out = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers_out, content
+
+
+async def _forever() -> None:
+    import asyncio
+
+    await asyncio.Event().wait()  # no disconnect: the response ends the request
+
+
+@contextmanager
+def crossings() -> Iterator[list[int]]:
+    """Count the loop-to-thread hand-overs (sync_to_async calls) and the threads used."""
+    counted: list[int] = []
+    original = SyncToAsync.__call__
+
+    async def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counted.append(1)
+        return await original(self, *args, **kwargs)
+
+    SyncToAsync.__call__ = counting  # type: ignore[method-assign]
+    try:
+        yield counted
+    finally:
+        SyncToAsync.__call__ = original  # type: ignore[method-assign]
+
+
+def caller() -> tuple[list[tuple[bytes, bytes]], str]:
+    agent = make_agent("asgi-handler")
+    allow(agent.tenant, "core__get_current_time")
+    return [(b"authorization", f"Bearer {agent.key}".encode())], agent.key
+
+
+async def test_a_call_crosses_to_its_thread_once_for_the_whole_chain():
+    from asgiref.sync import sync_to_async
+
+    headers, _ = await sync_to_async(caller)()
+    body = json.dumps({"toolId": "core__get_current_time"}).encode()
+    headers = [*headers, (b"content-type", b"application/json")]
+    with crossings() as ours:
+        status, _, content = await request(
+            OneThreadASGIHandler(), "POST", "/api/v1/invocations/", headers, body
+        )
+    assert status == 200, content[:300]
+    assert json.loads(content)["status"] == "succeeded"
+    with crossings() as django_s:
+        status, _, content = await request(
+            ASGIHandler(), "POST", "/api/v1/invocations/", headers, body
+        )
+    assert status == 200, content[:300]
+    # request_started's receivers, the chain with the view, the response's closing.
+    assert len(ours) == 3
+    # What it replaces: a crossing per middleware hook.
+    assert len(django_s) > 10
+
+
+class _Threads:
+    """A middleware noting the thread it ran on, first and last in the chain."""
+
+    seen: list[int] = []
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        _Threads.seen.append(threading.get_ident())
+        response = self.get_response(request)
+        _Threads.seen.append(threading.get_ident())
+        return response
+
+
+async def test_the_chain_and_the_view_run_on_one_thread_off_the_loop():
+    from django.conf import settings
+
+    outer = "tests.test_asgi_handler._Threads"
+    _Threads.seen = []
+    with override_settings(MIDDLEWARE=[outer, *settings.MIDDLEWARE, outer]):
+        status, _, content = await request(OneThreadASGIHandler(), "GET", "/healthz", [])
+    assert status == 200, content[:300]
+    assert len(_Threads.seen) == 4
+    assert len(set(_Threads.seen)) == 1
+    assert _Threads.seen[0] != threading.get_ident()  # not the event loop's thread
+
+
+async def test_refusals_and_errors_answer_as_before():
+    """No key: the API's 401 with its JSON body; an unknown path: 404; a bad body: 400."""
+    from asgiref.sync import sync_to_async
+
+    app = OneThreadASGIHandler()
+    status, headers, content = await request(app, "GET", "/api/v1/tools/", [])
+    assert status == 401
+    assert headers["content-type"].startswith("application/json")
+    assert "detail" in json.loads(content)
+
+    status, _, _ = await request(app, "GET", "/no/such/path/", [])
+    assert status == 404
+
+    auth, _ = await sync_to_async(caller)()
+    status, _, content = await request(
+        app,
+        "POST",
+        "/api/v1/invocations/",
+        [*auth, (b"content-type", b"application/json")],
+        b"{not json",
+    )
+    assert status == 400, content[:300]
+    assert "detail" in json.loads(content)
+
+
+async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatch):
+    """EpochMiddleware pins the epoch for the request, on the request's thread."""
+    from asgiref.sync import sync_to_async
+
+    from apps.tenants import epoch
+
+    headers, _ = await sync_to_async(caller)()
+    reads: list[int] = []
+    original = epoch.read
+
+    def counting_read(*args: Any, **kwargs: Any) -> int:
+        reads.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(epoch, "read", counting_read)
+    status, _, content = await request(OneThreadASGIHandler(), "GET", "/api/v1/tools/", headers)
+    assert status == 200, content[:300]
+    assert len(reads) == 1
