@@ -13,6 +13,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.db import OperationalError, close_old_connections, connection, transaction
@@ -244,6 +245,8 @@ def test_waiting_past_the_timeout_for_another_process_is_database_is_locked() ->
         Tenant.objects.create(slug="in-time", name="In time")
 
 
+# The child only opens a file, tries a lock and exits: none of the other threads' locks.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_locks_against_its_parent() -> None:
     """flock() locks belong to the open file: a child that reused its parent's descriptor
     would share the parent's lock instead of waiting for it."""
@@ -258,3 +261,11 @@ def test_a_forked_child_locks_against_its_parent() -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         parent.release()
+
+
+def test_a_lock_file_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    """A database in a directory that is gone (or not writable): SQLite's own error
+    names the database; the lock file's names the lock file, not a bare OSError."""
+    missing = tmp_path / "gone" / "toolhub.sqlite3"
+    with pytest.raises(OperationalError, match=r"writers' lock file .*gone.*No such file"):
+        base.writers_file(str(missing))

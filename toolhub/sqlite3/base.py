@@ -43,7 +43,14 @@ class _WritersFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.pid = os.getpid()
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Read-only is enough for flock(): a process of another user that may write the
+        # database (group permissions) can lock the file too, as it shares -wal and -shm.
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot open the SQLite writers' lock file {path}: {exc.strerror or exc}"
+            ) from exc
 
     def acquire(self, deadline: float) -> bool:
         while True:
