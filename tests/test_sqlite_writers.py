@@ -201,23 +201,19 @@ def test_a_writer_waits_for_another_process_writer_and_then_writes() -> None:
     assert file_is_free()
 
 
-def test_another_process_rollback_frees_the_file_lock() -> None:
-    with other_process_writing("other-rolls-back") as holder:
-        end(holder, "rollback")
+@pytest.mark.parametrize("how", ["rollback", "kill"])
+def test_another_process_that_rolls_back_or_dies_frees_the_file_lock(how: str) -> None:
+    slug = f"other-{how}"
+    with other_process_writing(slug) as holder:
+        if how == "kill":
+            holder.kill()
+            holder.wait(10)
+        else:
+            end(holder, how)
     assert file_is_free()
     with transaction.atomic():
-        Tenant.objects.create(slug="after-rollback", name="After")
-    assert not Tenant.objects.filter(slug="other-rolls-back").exists()
-
-
-def test_a_killed_writer_frees_the_file_lock() -> None:
-    with other_process_writing("other-killed") as holder:
-        holder.kill()
-        holder.wait(10)
-    assert file_is_free()
-    with transaction.atomic():
-        Tenant.objects.create(slug="after-kill", name="After")
-    assert not Tenant.objects.filter(slug="other-killed").exists()
+        Tenant.objects.create(slug=f"after-{how}", name="After")
+    assert not Tenant.objects.filter(slug=slug).exists()
 
 
 def test_waiting_past_the_timeout_for_another_process_is_database_is_locked() -> None:
