@@ -73,7 +73,12 @@ def writers_file(database: str) -> _WritersFile:
     """The lock file of `database` (called with this process's writer lock held)."""
     path = f"{database}-writers"
     found = _files.get(path)
-    if found is None or found.pid != os.getpid():
+    if found is not None and found.pid != os.getpid():
+        # Inherited from the parent: closing this copy leaves the parent's lock alone,
+        # and keeps this process from holding it on after the parent is gone.
+        os.close(found.fd)
+        found = None
+    if found is None:
         found = _files[path] = _WritersFile(path)
     return found
 
