@@ -229,6 +229,12 @@ def remember_server_loop() -> None:
 OUTBOX_LIMIT = 10_000  # pushes waiting for the layer; past it they are dropped (and logged)
 SEND_TIMEOUT_S = 5.0  # one send; a layer slower than this is treated as failing
 SEND_BATCH = 64  # pushes waiting behind each other sent together, where the layer can
+# Under sustained pushes (the last send ended less than this ago) the next one waits this
+# long for more to join it, where the layer sends several in one round trip: a worker's
+# pushes otherwise left one or two at a time, each paying Redis's round trip and its
+# client's work (about a fifth of a queued call's CPU in its worker: issue 13). A push
+# after a quiet spell leaves at once.
+COALESCE_S = 0.002
 # After a send failed, the next attempt waits this long, doubling up to RETRY_MAX_S.
 RETRY_MIN_S, RETRY_MAX_S = 0.25, 2.0
 # The message that tells a group's feeds their subscribers may have missed pushes
@@ -248,8 +254,10 @@ class Outbox:
     A view or worker thread does not wait for the layer (issue 13: the wait was a round
     trip to the loop, twice per call): the event is already committed, and the order of
     sends is the order of commits in this process, which a subscriber's sequence check
-    relies on. A send that fails or takes over SEND_TIMEOUT_S drops the sends waiting
-    behind it, and a queue past OUTBOX_LIMIT drops new ones: the events are in the
+    relies on. Pushes waiting behind each other leave together where the layer can send
+    several at once, and under sustained pushes a push waits COALESCE_S for others to
+    share its round trip. A send that fails or takes over SEND_TIMEOUT_S drops the sends
+    waiting behind it, and a queue past OUTBOX_LIMIT drops new ones: the events are in the
     database. A subscriber sees the gap at the group's next event, but a run's last
     events have none after them, so every group whose pushes were lost is remembered
     and sent CATCH_UP, retried until the layer takes it: its feeds, in every process,
@@ -267,7 +275,11 @@ class Outbox:
         self._handed: deque[tuple[Any, str, dict[str, Any]]] = deque()
         self._handed_lock = threading.Lock()
         self._waking = False
+        # The sender is waiting COALESCE_S and takes what was handed when it ends: no
+        # wake-up is needed meanwhile.
+        self._gathering = False
         self.alone = 0  # how many of the next pushes go alone (after a batch failed)
+        self.last_sent = -COALESCE_S  # when the last send succeeded (the loop's clock)
 
     def hand(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
         """From any thread: queue the send on the loop, without waiting for it. Sends
@@ -275,7 +287,7 @@ class Outbox:
         loop's self-pipe, about a tenth of a queued call's time in its worker: issue 13)."""
         with self._handed_lock:
             self._handed.append((layer, group, envelope))
-            if self._waking:
+            if self._waking or self._gathering:
                 return
             self._waking = True
         try:
@@ -318,6 +330,8 @@ class Outbox:
     async def _send_all(self) -> None:
         while self.pending or self.missed:
             if self.pending:
+                if self._coalescing():
+                    await self._gather()
                 batch = self._next_batch()
                 error = await self._send_many(batch)
                 if error is None:
@@ -369,6 +383,28 @@ class Outbox:
                 logger.error("could not send a catch-up to %s", group, exc_info=error)
                 del self.missed[group]
 
+    async def _gather(self) -> None:
+        """Wait COALESCE_S, then take what other threads handed meanwhile (without a
+        wake-up each)."""
+        with self._handed_lock:
+            self._gathering = True
+        try:
+            await asyncio.sleep(COALESCE_S)
+        finally:
+            with self._handed_lock:
+                self._gathering = False
+            self._take_handed()
+
+    def _coalescing(self) -> bool:
+        """Whether the next push should wait COALESCE_S for others: sends are sustained,
+        the layer takes several at once, and a batch is not already full."""
+        return (
+            not self.alone
+            and len(self.pending) < SEND_BATCH
+            and self.loop.time() - self.last_sent < COALESCE_S
+            and hasattr(self.pending[0][0], "group_send_many")
+        )
+
     def _next_batch(self) -> list[tuple[Any, str, dict[str, Any]]]:
         """The next push, with those queued right behind it for the same layer when the
         layer sends several in one round trip (toolhub.layers.RedisLayer.group_send_many)."""
@@ -391,6 +427,7 @@ class Outbox:
         except Exception as error:
             return error
         self.retry_s = RETRY_MIN_S
+        self.last_sent = self.loop.time()
         return None
 
     async def _send(self, layer: Any, group: str, message: dict[str, Any]) -> Exception | None:
@@ -399,6 +436,7 @@ class Outbox:
         except Exception as error:
             return error
         self.retry_s = RETRY_MIN_S
+        self.last_sent = self.loop.time()
         return None
 
     async def _back_off(self) -> None:

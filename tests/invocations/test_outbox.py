@@ -420,3 +420,79 @@ def test_pushes_lost_by_one_process_make_the_groups_feeds_elsewhere_catch_up(
             on_loop(there.close_pools())
         finally:
             proxy.close()
+
+
+def test_under_sustained_pushes_a_push_waits_for_others_to_share_its_round_trip(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    """A worker hands a push or two per call: sent as they come, each paid Redis's round
+    trip. Right after a send, the next push waits COALESCE_S, and those handed meanwhile
+    leave with it, in their order."""
+    monkeypatch.setattr(events, "COALESCE_S", 0.3)
+    layer = BatchingLayer(capacity=1000)
+    channel = subscribed(layer, server_loop, "g1", "g2")
+    outbox = events.Outbox(server_loop)
+    wake_ups = []
+    real = server_loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any) -> Any:
+        if callback == outbox._take_handed:
+            wake_ups.append(callback)
+        return real(callback, *args)
+
+    monkeypatch.setattr(server_loop, "call_soon_threadsafe", counted)
+    outbox.hand(layer, "g1", {"type": "run.event", "event": {"seq": 1}})
+    assert run_events(layer, server_loop, channel, 1) == [1]  # after a quiet spell: at once
+    for seq in range(2, 6):  # handed one by one, as the loop is free to take each
+        outbox.hand(layer, "g1" if seq % 2 else "g2", {"type": "run.event", "event": {"seq": seq}})
+        time.sleep(0.01)
+    assert run_events(layer, server_loop, channel, 4) == [2, 3, 4, 5]
+    assert layer.batches == [4]  # the first went alone (group_send), the rest together
+    # The first two woke the loop; those handed while the second waited did not need to.
+    assert len(wake_ups) == 2
+
+
+def test_a_push_after_a_quiet_spell_does_not_wait(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(events, "COALESCE_S", 0.3)
+    layer = BatchingLayer(capacity=1000)
+    channel = subscribed(layer, server_loop, "g")
+    outbox = events.Outbox(server_loop)
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 1}})
+    assert run_events(layer, server_loop, channel, 1) == [1]
+    time.sleep(0.35)  # longer than COALESCE_S since that send
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 2}})
+    time.sleep(0.1)
+    assert outbox.sender is not None and outbox.sender.done()  # sent: it did not wait
+    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 3}})  # right after: waits
+    time.sleep(0.1)
+    assert outbox.sender is not None and not outbox.sender.done()
+    assert run_events(layer, server_loop, channel, 2) == [2, 3]
+
+
+def test_a_full_batch_and_a_layer_that_sends_one_at_a_time_do_not_wait(
+    server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(events, "COALESCE_S", 30.0)
+    monkeypatch.setattr(events, "SEND_BATCH", 5)
+    batching = BatchingLayer(capacity=1000)
+    channel = subscribed(batching, server_loop, "g")
+    outbox = events.Outbox(server_loop)
+    outbox.hand(batching, "g", {"type": "run.event", "event": {"seq": 1}})
+    assert run_events(batching, server_loop, channel, 1) == [1]
+
+    def hand() -> None:
+        for seq in range(2, 7):
+            outbox.hand(batching, "g", {"type": "run.event", "event": {"seq": seq}})
+
+    busy_while(server_loop, hand)  # SEND_BATCH waiting: they leave without the 30 s wait
+    assert run_events(batching, server_loop, channel, 5) == [2, 3, 4, 5, 6]
+    assert batching.batches == [5]
+
+    plain = InMemoryChannelLayer(capacity=1000)  # no group_send_many: nothing to share
+    plain_channel = subscribed(plain, server_loop, "g")
+    plain_outbox = events.Outbox(server_loop)
+    for seq in range(1, 4):
+        plain_outbox.hand(plain, "g", {"type": "run.event", "event": {"seq": seq}})
+        assert run_events(plain, server_loop, plain_channel, 1) == [seq]
