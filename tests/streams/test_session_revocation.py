@@ -21,11 +21,12 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.approvals import tasks
 from apps.invocations import revocations
-from apps.invocations.events import emit
+from apps.invocations.events import emit, tenant_group
 from apps.invocations.models import StreamTicket
 from apps.invocations.revocations import session_watch
 from apps.tenants.models import ApiKey, Tenant
 from apps.tools.models import Tool
+from tests.support.feeds import listening
 from toolhub.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,6 +164,7 @@ async def test_an_operator_whose_decide_permission_is_revoked_stops_seeing_its_a
             approvalId=f"ap-{call_id}",
         )
 
+    await listening(tenant_group(acme.tenant.pk))  # the bare event has no request to re-read
     await approval("before")
     assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "before"
 
@@ -189,8 +191,11 @@ async def test_a_superusers_approvals_stream_takes_in_a_tenant_created_after_it_
     acme, test_tools
 ):
     _, stream = await superuser_approvals_stream()
+    await listening(tenant_group(acme.tenant.pk))
     newcomer = await database_sync_to_async(Tenant.objects.create)(slug="newcomer")
-    await asyncio.sleep(0.3)  # several re-checks (RECHECK_S is 0.05 s here)
+    # Taken in at a re-check (RECHECK_S is 0.05 s here); the bare events below have no
+    # request a re-read would find, so they are sent once the stream listens.
+    await listening(tenant_group(newcomer.pk))
     await database_sync_to_async(approval_in)(newcomer, "in-the-new-tenant")
     assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "in-the-new-tenant"
     await database_sync_to_async(approval_in)(acme.tenant, "in-acme")
@@ -207,7 +212,7 @@ async def test_an_operators_approvals_stream_takes_in_a_tenant_they_join_while_i
     assert await stream.receive_nothing(timeout=0.3)  # not theirs (yet)
 
     await database_sync_to_async(globex.tenant.members.add)(user)
-    await asyncio.sleep(0.3)
+    await listening(tenant_group(globex.tenant.pk))  # taken in at a re-check
     await database_sync_to_async(approval_in)(globex.tenant, "after-joining")
     assert (await stream.receive_json_from(timeout=3))["toolCallId"] == "after-joining"
     assert await stream.receive_nothing(timeout=0.2)  # each event once
