@@ -68,6 +68,20 @@ def test_threads_hand_pushes_over_in_order_without_waiting_for_them(
     assert received == list(range(1, 101))
 
 
+def counted_wake_ups(outbox: events.Outbox, monkeypatch: Any) -> list[Any]:
+    """The outbox's wake-ups of its loop from other threads, from now on."""
+    wake_ups: list[Any] = []
+    real = outbox.loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any) -> Any:
+        if callback == outbox._take_handed:
+            wake_ups.append(callback)
+        return real(callback, *args)
+
+    monkeypatch.setattr(outbox.loop, "call_soon_threadsafe", counted)
+    return wake_ups
+
+
 def test_pushes_handed_before_the_loop_takes_them_share_one_wake_up(
     server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
 ) -> None:
@@ -76,15 +90,8 @@ def test_pushes_handed_before_the_loop_takes_them_share_one_wake_up(
     layer = InMemoryChannelLayer(capacity=1000)
     channel = subscribed(layer, server_loop, "g")
     outbox = events.Outbox(server_loop)
-    wake_ups = []
     real = server_loop.call_soon_threadsafe
-
-    def counted(callback: Any, *args: Any) -> Any:
-        if callback == outbox._take_handed:
-            wake_ups.append(callback)
-        return real(callback, *args)
-
-    monkeypatch.setattr(server_loop, "call_soon_threadsafe", counted)
+    wake_ups = counted_wake_ups(outbox, monkeypatch)
     busy, release = threading.Event(), threading.Event()
 
     def occupied() -> None:
@@ -422,46 +429,43 @@ def test_pushes_lost_by_one_process_make_the_groups_feeds_elsewhere_catch_up(
             proxy.close()
 
 
+def just_sent(
+    loop: asyncio.AbstractEventLoop, monkeypatch: Any, coalesce_s: float, *groups: str
+) -> tuple[BatchingLayer, str, events.Outbox]:
+    """COALESCE_S set, and an outbox that has just sent a first push (alone: after a quiet
+    spell a push leaves at once) to a channel in `groups`."""
+    monkeypatch.setattr(events, "COALESCE_S", coalesce_s)
+    layer = BatchingLayer(capacity=1000)
+    channel = subscribed(layer, loop, *groups)
+    outbox = events.Outbox(loop)
+    outbox.hand(layer, groups[0], {"type": "run.event", "event": {"seq": 1}})
+    assert run_events(layer, loop, channel, 1) == [1]
+    assert layer.batches == []  # through group_send
+    return layer, channel, outbox
+
+
 def test_under_sustained_pushes_a_push_waits_for_others_to_share_its_round_trip(
     server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
 ) -> None:
     """A worker hands a push or two per call: sent as they come, each paid Redis's round
     trip. Right after a send, the next push waits COALESCE_S, and those handed meanwhile
     leave with it, in their order."""
-    monkeypatch.setattr(events, "COALESCE_S", 0.3)
-    layer = BatchingLayer(capacity=1000)
-    channel = subscribed(layer, server_loop, "g1", "g2")
-    outbox = events.Outbox(server_loop)
-    wake_ups = []
-    real = server_loop.call_soon_threadsafe
-
-    def counted(callback: Any, *args: Any) -> Any:
-        if callback == outbox._take_handed:
-            wake_ups.append(callback)
-        return real(callback, *args)
-
-    monkeypatch.setattr(server_loop, "call_soon_threadsafe", counted)
-    outbox.hand(layer, "g1", {"type": "run.event", "event": {"seq": 1}})
-    assert run_events(layer, server_loop, channel, 1) == [1]  # after a quiet spell: at once
+    layer, channel, outbox = just_sent(server_loop, monkeypatch, 1.0, "g1", "g2")
+    wake_ups = counted_wake_ups(outbox, monkeypatch)
     for seq in range(2, 6):  # handed one by one, as the loop is free to take each
         outbox.hand(layer, "g1" if seq % 2 else "g2", {"type": "run.event", "event": {"seq": seq}})
         time.sleep(0.01)
     assert run_events(layer, server_loop, channel, 4) == [2, 3, 4, 5]
     assert layer.batches == [4]  # the first went alone (group_send), the rest together
-    # The first two woke the loop; those handed while the second waited did not need to.
-    assert len(wake_ups) == 2
+    # The second woke the loop; those handed while it waited did not need to.
+    assert len(wake_ups) == 1
 
 
 def test_a_push_after_a_quiet_spell_does_not_wait(
     server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(events, "COALESCE_S", 0.3)
-    layer = BatchingLayer(capacity=1000)
-    channel = subscribed(layer, server_loop, "g")
-    outbox = events.Outbox(server_loop)
-    outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 1}})
-    assert run_events(layer, server_loop, channel, 1) == [1]
-    time.sleep(0.35)  # longer than COALESCE_S since that send
+    layer, channel, outbox = just_sent(server_loop, monkeypatch, 1.0, "g")
+    time.sleep(1.05)  # longer than COALESCE_S since that send
     outbox.hand(layer, "g", {"type": "run.event", "event": {"seq": 2}})
     time.sleep(0.1)
     assert outbox.sender is not None and outbox.sender.done()  # sent: it did not wait
@@ -474,13 +478,8 @@ def test_a_push_after_a_quiet_spell_does_not_wait(
 def test_a_full_batch_and_a_layer_that_sends_one_at_a_time_do_not_wait(
     server_loop: asyncio.AbstractEventLoop, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(events, "COALESCE_S", 30.0)
     monkeypatch.setattr(events, "SEND_BATCH", 5)
-    batching = BatchingLayer(capacity=1000)
-    channel = subscribed(batching, server_loop, "g")
-    outbox = events.Outbox(server_loop)
-    outbox.hand(batching, "g", {"type": "run.event", "event": {"seq": 1}})
-    assert run_events(batching, server_loop, channel, 1) == [1]
+    batching, channel, outbox = just_sent(server_loop, monkeypatch, 30.0, "g")
 
     def hand() -> None:
         for seq in range(2, 7):
