@@ -176,6 +176,8 @@ class PolicyRule(models.Model):
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     description = models.CharField(max_length=300, blank=True)
 
+    objects = EpochQuerySet["PolicyRule"].as_manager()
+
     class Meta:
         ordering = ["policy", "position", "pk"]
 

@@ -8,7 +8,8 @@ one number in the database, the epoch:
 - every edit that can change an answer gives the epoch a new random value, in the
   edit's own transaction: saves and deletes of keys, tenants, users, groups, tools,
   policies, rules, permissions, connections and grants, membership and permission m2m
-  changes (`_SENDERS`), and bulk writes on the querysets that have one (`EpochQuerySet`);
+  changes (`_SENDERS`), and their bulk writes (`EpochQuerySet`: `update()`,
+  `bulk_create()`, `bulk_update()`), which send no signals;
 - a request reads the epoch once (one small query), before anything it caches; a
   different value than the cache was filled at empties the cache.
 
@@ -29,6 +30,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
@@ -166,6 +168,8 @@ class EpochQuerySet(models.QuerySet[_M]):
     post_delete receiver connected, Django deletes row by row and signals each.)"""
 
     def update(self, **kwargs: Any) -> int:
+        if _ignored(self.model, kwargs):
+            return super().update(**kwargs)
         with transaction.atomic(using=self.db):
             changed = super().update(**kwargs)
             if changed:
@@ -180,6 +184,8 @@ class EpochQuerySet(models.QuerySet[_M]):
         return made
 
     def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
+        if _ignored(self.model, fields):
+            return super().bulk_update(objs, fields, *args, **kwargs)
         with transaction.atomic(using=self.db):
             changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
@@ -209,25 +215,52 @@ _M2M = (
     ("auth.Group", "permissions"),
     ("policies.Policy", "tools"),
 )
-# Saves that change nothing a cache holds: a login's timestamp. (A connection's secret
-# is not among them: the broker caches connection rows, ciphertext included, under the
-# epoch, so a rotated secret is sent on the next call.)
+# Writes that change nothing a cache holds, by save or in bulk: a login's timestamp, a
+# key's last use (ApiKey.touch). (A connection's secret is not among them: the broker
+# caches connection rows, ciphertext included, under the epoch, so a rotated secret is
+# sent on the next call.)
 _IGNORED_UPDATES = {
     "auth.User": frozenset({"last_login"}),
+    "tenants.ApiKey": frozenset({"last_used_at"}),
 }
 
 
+def _ignored(model: type[models.Model], fields: Any) -> bool:
+    ignored = _IGNORED_UPDATES.get(model._meta.label)
+    return bool(ignored and fields and set(fields) <= ignored)
+
+
 def _on_save(sender: type[models.Model], update_fields: Any = None, **kwargs: Any) -> None:
-    ignored = _IGNORED_UPDATES.get(sender._meta.label)
-    if ignored and update_fields and set(update_fields) <= ignored:
+    if not _ignored(sender, update_fields):
+        bump()
+
+
+def _bulk_writes_bump(model: type[models.Model]) -> None:
+    """Make the bulk writes of `model`'s default manager bump the epoch. Our own models
+    declare an EpochQuerySet; the others (auth's users, groups and permissions,
+    guardian's object permissions: `assign_perm()` on a list or queryset is a
+    `bulk_create()`) get one mixed into their manager's queryset class, which is theirs
+    alone. A model on Django's plain Manager, shared by every model, must declare one."""
+    manager = model._default_manager
+    if isinstance(manager.get_queryset(), EpochQuerySet):
         return
-    bump()
+    manager_class: Any = type(manager)
+    if manager_class in (models.Manager, models.manager.BaseManager):
+        raise ImproperlyConfigured(
+            f"{model._meta.label}: its edits change the authorization epoch, so its bulk "
+            "writes must too; give it an EpochQuerySet manager."
+        )
+    base = manager_class._queryset_class
+    manager_class._queryset_class = type(f"Epoch{base.__name__}", (EpochQuerySet, base), {})
+    if not isinstance(manager.get_queryset(), EpochQuerySet):
+        raise ImproperlyConfigured(f"{model._meta.label}: its manager builds its own querysets.")
 
 
 def connect() -> None:
     """Called from TenantsConfig.ready(): hook the epoch to every edit that matters."""
     for label in _SENDERS:
         model = apps.get_model(label)
+        _bulk_writes_bump(model)
         post_save.connect(_on_save, sender=model, dispatch_uid=f"epoch-save-{label}")
         post_delete.connect(bump, sender=model, dispatch_uid=f"epoch-delete-{label}")
     for label, field in _M2M:

@@ -47,6 +47,8 @@ class Tenant(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = epoch.EpochQuerySet["Tenant"].as_manager()
+
     class Meta:
         ordering = ["slug"]
 
@@ -65,7 +67,7 @@ def _hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+class ApiKeyQuerySet(epoch.EpochQuerySet["ApiKey"]):
     def active(self) -> ApiKeyQuerySet:
         return self.filter(revoked_at__isnull=True)
 

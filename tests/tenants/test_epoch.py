@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, Permission, User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
+from apps.approvals.models import Vote
 from apps.connections.models import Connection, Grant
 from apps.policies.models import Policy, PolicyRule
 from apps.tenants import epoch
@@ -77,6 +79,26 @@ EDITS: dict[str, Callable[[Agent], Any]] = {
     "a key revoked": lambda a: ApiKey.objects.get(tenant=a.tenant).revoke(),
     "a key issued": lambda a: ApiKey.objects.issue(a.tenant, "agent:second"),
     "a tenant saved": lambda a: Tenant.objects.get(pk=a.tenant.pk).save(),
+    # Bulk writes send no signals: each of these models' querysets bumps itself.
+    "keys revoked in bulk": lambda a: ApiKey.objects.filter(tenant=a.tenant).update(
+        revoked_at=timezone.now()
+    ),
+    "users deactivated in bulk": lambda a: User.objects.filter(pk=service_user(a).pk).update(
+        is_active=False
+    ),
+    "a tenant renamed in bulk": lambda a: Tenant.objects.filter(pk=a.tenant.pk).update(name="n"),
+    "groups renamed in bulk": lambda a: Group.objects.filter(pk=agents_group(a.tenant).pk).update(
+        name="renamed"
+    ),
+    "users updated in bulk_update": lambda a: User.objects.bulk_update(
+        [service_user(a)], ["is_staff"]
+    ),
+    # (A permission the agent does not hold yet: guardian skips those already held.)
+    "a permission granted on a list of tools": lambda a: assign_perm(
+        "tools.change_tool",
+        service_user(a),
+        [tool()],  # type: ignore[arg-type]  # guardian's stubs name one object; lists work
+    ),
 }
 
 
@@ -156,6 +178,8 @@ def test_it_leaves_the_epoch_alone_for_a_call_a_login_and_a_keys_use(agent: Agen
     user.last_login = timezone.now()
     user.save(update_fields=["last_login"])
     ApiKey.objects.get(tenant=agent.tenant).touch()
+    ApiKey.objects.filter(tenant=agent.tenant).update(last_used_at=timezone.now())
+    User.objects.filter(pk=user.pk).update(last_login=timezone.now())
     Tool.objects.filter(pk=TOOL, enabled=False).update(enabled=True)  # no row changed
     assert epoch.read() == before
 
@@ -172,6 +196,8 @@ def test_it_leaves_the_epoch_alone_for_a_call_a_login_and_a_keys_use(agent: Agen
         ("a user left a group", "authz_denied"),
         ("a key revoked", 401),
         ("a user deactivated", "authz_denied"),
+        ("keys revoked in bulk", 401),
+        ("users deactivated in bulk", "authz_denied"),
     ],
 )
 def test_the_next_call_in_this_process_sees_the_edit(
@@ -186,6 +212,46 @@ def test_the_next_call_in_this_process_sees_the_edit(
         assert response.status_code == answer
     else:
         assert response.json()["errorCode"] == answer
+
+
+@pytest.mark.django_db
+def test_a_permission_granted_to_many_groups_changes_the_epoch(agent: Agent) -> None:
+    """guardian's assign_perm() on a list of groups is one bulk_create()."""
+    groups = [Group.objects.create(name="g1"), Group.objects.create(name="g2")]
+    before = epoch.read()
+    assign_perm("tools.execute_tool", groups, tool())
+    assert epoch.read() != before
+
+
+@pytest.mark.django_db
+def test_rules_changed_in_bulk_hold_on_the_next_call(agent: Agent) -> None:
+    rule = PolicyRule.objects.create(
+        policy=policy(agent), tool_pattern=TOOL, condition="true", outcome="allow"
+    )
+    assert agent.invoke(TOOL).json()["ok"] is True
+    before = epoch.read()
+    PolicyRule.objects.filter(pk=rule.pk).update(outcome="deny")
+    assert epoch.read() != before
+    assert agent.invoke(TOOL).json()["errorCode"] == "policy_denied"
+
+
+@pytest.mark.django_db
+def test_the_querysets_that_bump_keep_their_own_methods(agent: Agent) -> None:
+    """The epoch's queryset is mixed into auth's and guardian's, not put in their place."""
+    assert isinstance(User.objects.all(), epoch.EpochQuerySet)
+    assert User.objects.get_by_natural_key(service_user(agent).username) == service_user(agent)
+    group = agents_group(agent.tenant)
+    assert isinstance(group.user_set.all(), epoch.EpochQuerySet)
+    assert ApiKey.objects.get_queryset().active().filter(tenant=agent.tenant).count() == 1
+    before = epoch.read()
+    group.user_set.update(is_active=False)  # a related manager's bulk write
+    assert epoch.read() != before
+
+
+def test_a_model_on_the_shared_manager_must_declare_its_own() -> None:
+    """Mixing into Django's plain Manager would reach every model: refused at start-up."""
+    with pytest.raises(ImproperlyConfigured, match="give it an EpochQuerySet manager"):
+        epoch._bulk_writes_bump(Vote)
 
 
 @pytest.mark.django_db
