@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -274,12 +275,11 @@ class Outbox:
         # Handed from other threads, not yet taken by the loop; one wake-up takes them all.
         self._handed: deque[tuple[Any, str, dict[str, Any]]] = deque()
         self._handed_lock = threading.Lock()
+        # A take of what was handed is coming (a wake-up is queued, or the sender is
+        # gathering and takes it when its wait ends): a hand needs no wake-up of its own.
         self._waking = False
-        # The sender is waiting COALESCE_S and takes what was handed when it ends: no
-        # wake-up is needed meanwhile.
-        self._gathering = False
         self.alone = 0  # how many of the next pushes go alone (after a batch failed)
-        self.last_sent = -COALESCE_S  # when the last send succeeded (the loop's clock)
+        self.last_sent = -math.inf  # when the last send succeeded (the loop's clock)
 
     def hand(self, layer: Any, group: str, envelope: dict[str, Any]) -> None:
         """From any thread: queue the send on the loop, without waiting for it. Sends
@@ -287,7 +287,7 @@ class Outbox:
         loop's self-pipe, about a tenth of a queued call's time in its worker: issue 13)."""
         with self._handed_lock:
             self._handed.append((layer, group, envelope))
-            if self._waking or self._gathering:
+            if self._waking:
                 return
             self._waking = True
         try:
@@ -387,12 +387,10 @@ class Outbox:
         """Wait COALESCE_S, then take what other threads handed meanwhile (without a
         wake-up each)."""
         with self._handed_lock:
-            self._gathering = True
+            self._waking = True
         try:
             await asyncio.sleep(COALESCE_S)
         finally:
-            with self._handed_lock:
-                self._gathering = False
             self._take_handed()
 
     def _coalescing(self) -> bool:
