@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.connections.models import Grant
@@ -101,8 +103,24 @@ def test_it_applies_an_admins_edit_on_the_next_call_in_every_process(
     Policy.objects.filter(pk=policy.pk).update(enabled=True)
     assert outcomes(servers, agent) == ["ok"] * 4
 
+    # Bulk writes send no signals: these bump the epoch through their querysets.
+    PolicyRule.objects.filter(pk=rule.pk).update(condition="true")
+    assert outcomes(servers, agent) == ["policy_denied"] * 4
+    PolicyRule.objects.filter(pk=rule.pk).update(condition="false")
+    assert outcomes(servers, agent) == ["ok"] * 4
+    User.objects.filter(pk=service_user.pk).update(is_active=False)
+    assert outcomes(servers, agent) == ["authz_denied"] * 4
+    User.objects.filter(pk=service_user.pk).update(is_active=True)
+    assert outcomes(servers, agent) == ["ok"] * 4
+
     ApiKey.objects.get(tenant=agent.tenant).revoke()  # the key is refused everywhere at once
     assert outcomes(servers, agent) == [401] * 4
+
+    other = make_agent("globex")
+    allow(other.tenant, TOOL)
+    assert outcomes(servers, other) == ["ok"] * 4
+    ApiKey.objects.filter(tenant=other.tenant).update(revoked_at=timezone.now())  # in bulk
+    assert outcomes(servers, other) == [401] * 4
 
 
 @pytest.mark.server
