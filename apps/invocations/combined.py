@@ -31,7 +31,6 @@ keep the statements one by one: `available()`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +44,8 @@ from apps.tenants import epoch
 from apps.tenants.models import Tenant
 from toolhub.postgresql import statement_cursor
 
-# The RunEvent fields a start's statement writes from its events' JSON (seq is numbered in
-# the statement).
+# The event columns a start's statement writes from VALUES, in this order (seq is numbered
+# in the statement).
 _EVENT_COLUMNS = ("tenant", "run_id", "type", "tool_call_id", "tool_id", "message", "at")
 
 
@@ -157,8 +156,8 @@ def _nothing() -> None:
 class _EventColumns:
     """What the events' part of the statement needs of RunEvent, per database."""
 
-    columns: list[str]  # the written columns, in _EVENT_COLUMNS' order
-    record: str  # their names and types, for reading the events' JSON as rows
+    fields: list[Any]  # RunEvent's fields, in _EVENT_COLUMNS' order
+    casts: list[str]  # each one's type for a VALUES cast
     names: str  # their quoted columns
     message_select: str  # the written columns, the message renumbered
     run_table: str
@@ -166,7 +165,7 @@ class _EventColumns:
 
 
 _columns: dict[str, _EventColumns] = {}
-_event_statements: dict[str, str] = {}
+_event_statements: dict[tuple[str, tuple[bool, ...]], str] = {}
 
 
 def _event_columns(connection: Any) -> _EventColumns:
@@ -175,12 +174,9 @@ def _event_columns(connection: Any) -> _EventColumns:
         quote = connection.ops.quote_name
         fields = [RunEvent._meta.get_field(name) for name in _EVENT_COLUMNS]
         columns = [str(field.column) for field in fields]  # type: ignore[union-attr]
-        casts = [str(field.cast_db_type(connection)) for field in fields]  # type: ignore[union-attr]
         found = _columns[connection.alias] = _EventColumns(
-            columns=columns,
-            record=", ".join(
-                f"{quote(column)} {cast}" for column, cast in zip(columns, casts, strict=True)
-            ),
+            fields=fields,
+            casts=[str(field.cast_db_type(connection)) for field in fields],  # type: ignore[union-attr]
             names=", ".join(quote(column) for column in columns),
             message_select=", ".join(
                 "jsonb_set(w.message, '{seq}', to_jsonb(n.last_seq - w.later))"
@@ -197,14 +193,13 @@ def _event_columns(connection: Any) -> _EventColumns:
 def _events_sql(
     connection: Any, pending: list[Pending], streamed: list[tuple[EventMessage, Any]]
 ) -> tuple[str, list[Any]]:
-    """The events' CTEs (wanted, numbered, written) and their parameters: the events as
-    one JSON array of objects keyed by column, read back as rows (`jsonb_to_recordset`),
-    and the time for new runs. One parameter instead of seven per event (psycopg's
-    conversion of the parameters was a measurable part of a queued call: issue 13), and
-    one statement text per database, whatever the events."""
+    """The events' CTEs (wanted, numbered, written) and their parameters. The text depends
+    only on the database and on which events need the claim: built once per shape."""
     table = _event_columns(connection)
-    rows = []
-    for order, (item, (message, at)) in enumerate(zip(pending, streamed, strict=True)):
+    gated = tuple(item.needs_claim for item in pending)
+    params: list[Any] = []
+    for item, (message, at) in zip(pending, streamed, strict=True):
+        # What Django writes for each column (get_db_prep_save), as statements.insert.
         event = item.event
         values = {
             "tenant": item.tenant.pk,
@@ -213,19 +208,23 @@ def _events_sql(
             "tool_call_id": event.tool_call_id,
             "tool_id": event.tool_id,
             "message": message,
-            "at": at.isoformat(),
+            "at": at,
         }
-        row = {
-            column: values[name] for name, column in zip(_EVENT_COLUMNS, table.columns, strict=True)
-        }
-        row["ord"], row["needs_claim"] = order, item.needs_claim
-        rows.append(row)
-    params = [json.dumps(rows), connection.ops.adapt_datetimefield_value(timezone.now())]
-    sql = _event_statements.get(connection.alias)
+        for name, field in zip(_EVENT_COLUMNS, table.fields, strict=True):
+            params.append(field.get_db_prep_save(values[name], connection=connection))
+    params.append(connection.ops.adapt_datetimefield_value(timezone.now()))
+    key = (connection.alias, gated)
+    sql = _event_statements.get(key)
     if sql is None:
-        sql = _event_statements[connection.alias] = (
-            "wanted AS (SELECT * FROM jsonb_to_recordset(%s::jsonb) "  # noqa: S608 (names only)
-            f"AS e(ord integer, {table.record}, needs_claim boolean) "
+        rows = [
+            "("
+            + ", ".join([f"{order}", *(f"%s::{cast}" for cast in table.casts), str(needs).upper()])
+            + ")"
+            for order, needs in enumerate(gated)
+        ]
+        sql = _event_statements[key] = (
+            f"wanted AS (SELECT * FROM (VALUES {', '.join(rows)}) "  # noqa: S608 (names only)
+            f"AS e(ord, {table.names}, needs_claim) "
             "WHERE NOT e.needs_claim OR EXISTS (SELECT 1 FROM claimed)), "
             f"numbered AS (INSERT INTO {table.run_table} (tenant_id, run_id, last_seq, "
             "created_at) SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
