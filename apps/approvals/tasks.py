@@ -65,7 +65,7 @@ def run_approved_calls(
     workers holding entries for one call exactly one runs it. A worker killed after its
     calls' records closed leaves them `executing`; settle_interrupted makes them final."""
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
-    from apps.invocations import runner
+    from apps.invocations import runner, statements
 
     # Only the record is joined. Not the tool: the re-checks look it up themselves (from
     # the catalog's cache), and its schemas are the largest thing a join here would
@@ -117,7 +117,7 @@ def run_approved_calls(
     finally:
         closing.flush()
     for status, ids in finished.items():
-        ApprovalRequest.objects.filter(pk__in=ids).update(status=status)
+        statements.update_rows(ApprovalRequest, ids, {"status": status})
     return outcomes
 
 

@@ -125,7 +125,7 @@ def write(
         # Prepared once per connection and shape (toolhub/postgresql/base.py): parsing
         # and planning this statement was most of PostgreSQL's work per queued call.
         with statement_cursor(connection) as cursor:
-            cursor.execute(f"WITH {parts_sql} {answer_sql}", params)
+            cursor.execute(_kept_text(f"WITH {parts_sql} {answer_sql}"), params)
             answer = cursor.fetchall()
     except BaseException:  # nothing was written: the row as it was
         undo()
@@ -150,6 +150,21 @@ def write(
 
 def _nothing() -> None:
     pass
+
+
+_texts: dict[str, str] = {}
+_TEXTS_KEPT = 256  # a statement's shapes: its number of earlier ends, which events need a claim
+
+
+def _kept_text(sql: str) -> str:
+    """The same str object for the same text: psycopg keeps a cursor's adaptation state
+    while it is sent the very object it was sent last (toolhub/postgresql/base.py)."""
+    kept = _texts.get(sql)
+    if kept is None:
+        if len(_texts) >= _TEXTS_KEPT:
+            return sql
+        kept = _texts[sql] = sql
+    return kept
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from toolhub.postgresql import statement_cursor
 
 _statements: dict[tuple[type[models.Model], str, int], str] = {}
 _updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], _Update] = {}
+_in_statements: dict[tuple[type[models.Model], str, tuple[str, ...], int], str] = {}
 
 
 def _columns(model: type[models.Model]) -> list[models.Field[Any, Any]]:
@@ -84,6 +85,45 @@ def update(row: Any, fields: tuple[str, ...], *, only_if: dict[str, Any] | None 
     if not changed and only_if is None:
         raise DatabaseError("Save with update_fields did not affect any rows.")
     return bool(changed)
+
+
+def update_rows(
+    model: type[models.Model], pks: list[Any], values: dict[str, Any], using: str = "default"
+) -> int:
+    """Set these fields to these values on the rows with these keys, in one statement whose
+    text is built once per model, database, fields and number of rows: what
+    `model.objects.filter(pk__in=pks).update(**values)` writes (no signals either), without
+    compiling it each time (a worker's batch ends with it, issue 13). How many rows it
+    changed. Values Django would write otherwise (an expression, a field with a
+    placeholder of its own) go through Django's update."""
+    connection = connections[using]
+    fields = tuple(values)
+    shape = _update(model, connection, fields, ())
+    pk = model._meta.pk
+    assert pk is not None
+    params = [
+        field.get_db_prep_save(value, connection=connection)
+        for field, value in zip(shape.targets, values.values(), strict=True)
+    ]
+    if not pks:
+        return 0
+    if not shape.plain or any(
+        hasattr(value, "resolve_expression") or hasattr(value, "as_sql") for value in params
+    ):
+        return int(model._base_manager.using(using).filter(pk__in=pks).update(**values))
+    key = (model, using, fields, len(pks))
+    sql = _in_statements.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sql = _in_statements[key] = (
+            f"UPDATE {quote(model._meta.db_table)} SET "  # noqa: S608 (names, not values)
+            + ", ".join(f"{quote(str(field.column))} = %s" for field in shape.targets)
+            + f" WHERE {quote(str(pk.column))} IN ({', '.join(['%s'] * len(pks))})"
+        )
+    params += [pk.get_db_prep_value(value, connection=connection, prepared=False) for value in pks]
+    with statement_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
@@ -96,7 +97,7 @@ def test_a_value_that_is_an_expression_goes_through_django(agent: Agent) -> None
 
 
 def test_a_duplicate_key_fails_like_djangos_insert(agent: Agent) -> None:
-    from django.db import IntegrityError, transaction
+    from django.db import IntegrityError
 
     first = record(agent)
     statements.insert([first])
@@ -202,3 +203,83 @@ def test_on_postgresql_a_calls_statements_are_prepared_once_and_then_not_planned
     # Django's query log still shows them, values quoted in.
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
     assert inserts and all("$1" not in sql and "%s" not in sql for sql in inserts)
+
+
+def test_rows_updated_by_key_read_back_as_djangos_filtered_update_writes_them(
+    agent: Agent,
+) -> None:
+    by_django = [record(agent) for _ in range(3)]
+    by_keys = [record(agent) for _ in range(3)]
+    statements.insert(by_django + by_keys)
+    values = {"status": Status.SUCCEEDED, "result": {"answer": "é", "n": [1, None]}}
+    InvocationRecord.objects.filter(pk__in=[r.pk for r in by_django[:2]]).update(**values)
+    with CaptureQueriesContext(connection) as queries:
+        assert (
+            statements.update_rows(InvocationRecord, [str(r.pk) for r in by_keys[:2]], values) == 2
+        )
+    assert len(queries.captured_queries) == 1
+    assert [stored(r) for r in by_keys] == [stored(r) for r in by_django]
+    untouched = InvocationRecord.objects.get(pk=by_keys[2].pk)
+    assert (untouched.status, untouched.result) == (Status.FAILED, None)
+
+
+def test_rows_updated_by_key_count_only_the_rows_there_and_take_no_keys_quietly(
+    agent: Agent,
+) -> None:
+    rows = [record(agent) for _ in range(2)]
+    statements.insert(rows)
+    gone = uuid.uuid4()
+    assert statements.update_rows(InvocationRecord, [rows[0].pk, gone], {"duration_ms": 5}) == 1
+    assert InvocationRecord.objects.get(pk=rows[0].pk).duration_ms == 5
+    with CaptureQueriesContext(connection) as queries:
+        assert statements.update_rows(InvocationRecord, [], {"duration_ms": 6}) == 0
+    assert queries.captured_queries == []
+    assert InvocationRecord.objects.get(pk=rows[1].pk).duration_ms == 877
+    # Another number of keys is another statement, not the first one's text.
+    assert statements.update_rows(InvocationRecord, [r.pk for r in rows], {"duration_ms": 7}) == 2
+    assert set(InvocationRecord.objects.values_list("duration_ms", flat=True)) == {7}
+
+
+def test_an_expression_in_rows_updated_by_key_goes_through_django(agent: Agent) -> None:
+    rows = [record(agent) for _ in range(2)]
+    statements.insert(rows)
+    assert statements.update_rows(InvocationRecord, [r.pk for r in rows], {"ended_at": Now()}) == 2
+    assert all(
+        ended is not None and ended.year >= 2026 and ended != rows[0].ended_at
+        for ended in InvocationRecord.objects.values_list("ended_at", flat=True)
+    )
+    with pytest.raises(ValidationError, match="not a valid UUID"):  # as Django's filter
+        statements.update_rows(InvocationRecord, ["not-a-key"], {"duration_ms": 1})
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared on PostgreSQL only")
+@pytest.mark.django_db(transaction=True)  # it closes the connection
+def test_on_postgresql_a_connection_keeps_one_statement_cursor_while_it_is_free(
+    agent: Agent,
+) -> None:
+    """toolhub.postgresql's prepared cursor is kept per connection and reused once a
+    statement is done with it; one asked for while it is in use is another, closed as
+    usual; a new connection gets its own; a failed statement frees it too."""
+    from django.db import DatabaseError
+
+    from toolhub.postgresql import statement_cursor
+
+    def one(sql: str, params: list) -> tuple:
+        with statement_cursor(connection) as cursor:  # Django's wrapper of psycopg's
+            cursor.execute(sql, params)
+            return cursor.cursor, cursor.fetchone()
+
+    first, row = one("SELECT %s::int + 1", [1])
+    again, row2 = one("SELECT %s::int + 1", [2])
+    assert (row, row2) == ((2,), (3,)) and again is first and not first.closed
+    with statement_cursor(connection) as cursor:
+        cursor.execute("SELECT generate_series(1, %s::int)", [3])
+        inner, inner_row = one("SELECT %s::text", ["inner"])  # while the kept one is read
+        assert inner is not first and inner.closed and inner_row == ("inner",)
+        assert cursor.fetchall() == [(1,), (2,), (3,)]
+    with pytest.raises(DatabaseError), transaction.atomic():
+        one("SELECT 1 / %s::int", [0])
+    assert one("SELECT %s::int * 2", [21]) == (first, (42,))
+    connection.close()
+    renewed, renewed_row = one("SELECT %s::int", [5])
+    assert renewed is not first and renewed_row == (5,)
