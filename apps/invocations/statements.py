@@ -96,6 +96,8 @@ def update_rows(
     compiling it each time (a worker's batch ends with it, issue 13). How many rows it
     changed. Values Django would write otherwise (an expression, a field with a
     placeholder of its own) go through Django's update."""
+    if not pks:
+        return 0
     connection = connections[using]
     fields = tuple(values)
     shape = _update(model, connection, fields, ())
@@ -105,8 +107,6 @@ def update_rows(
         field.get_db_prep_save(value, connection=connection)
         for field, value in zip(shape.targets, values.values(), strict=True)
     ]
-    if not pks:
-        return 0
     if not shape.plain or any(
         hasattr(value, "resolve_expression") or hasattr(value, "as_sql") for value in params
     ):
