@@ -49,7 +49,10 @@ class Connection(models.Model):
         OAUTH = "oauth", "OAuth access/refresh pair"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="connections")
+    # db_index=False: unique_connection_name leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="connections", db_index=False
+    )
     name = models.CharField(max_length=200)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     secret_encrypted = models.TextField(editable=False, default="")

@@ -47,9 +47,13 @@ class InvocationRecord(models.Model):
     """One attempted tool call, refused ones included. Args and result are redacted."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invocations")
+    # db_index=False: each of the record's indexes leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="invocations", db_index=False
+    )
+    # Indexed in Meta: a plain index, without the LIKE one PostgreSQL would add for a text key.
     tool = models.ForeignKey(
-        Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     tool_ref = models.CharField(max_length=200, help_text="The tool id as requested.")
     tool_call_id = models.CharField(max_length=128)
@@ -84,6 +88,7 @@ class InvocationRecord(models.Model):
             models.Index(fields=["tenant", "run_id"]),
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),
+            models.Index(fields=["tool"], name="invocations_tool_idx"),
         ]
         constraints = [
             # The idempotency ledger: one call per key and tenant, enforced by
@@ -154,7 +159,8 @@ class CallWindow(models.Model):
     apps/invocations/ratelimit.py for why a sliding log and how it is cleaned up.
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # db_index=False: one_window_per_principal leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     principal = models.CharField(max_length=160)
     last_admitted_at = models.DateTimeField(default=timezone.now)
 
@@ -171,7 +177,10 @@ class CallWindow(models.Model):
 class AdmittedCall(models.Model):
     """One call the rate limit let through, at `at`; forgotten once a window has passed."""
 
-    window = models.ForeignKey(CallWindow, on_delete=models.CASCADE, related_name="admitted")
+    # db_index=False: the (window, at) index leads with it (tests/test_indexes.py).
+    window = models.ForeignKey(
+        CallWindow, on_delete=models.CASCADE, related_name="admitted", db_index=False
+    )
     at = models.DateTimeField()
 
     class Meta:
@@ -232,7 +241,10 @@ class RunQuerySet(models.QuerySet["Run"]):
 
 
 class Run(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    # db_index=False: unique_run leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
     run_id = models.CharField(max_length=128)
     last_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -247,7 +259,10 @@ class Run(models.Model):
 
 
 class RunEvent(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="events")
+    # db_index=False: unique_event_seq leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     run_id = models.CharField(max_length=128)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=40)

@@ -116,7 +116,10 @@ class McpTool(models.Model):
     `effect` starts as external_side_effect whatever the server says.
     """
 
-    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="tools")
+    # db_index=False: mcp_tool_once leads with it (tests/test_indexes.py).
+    server = models.ForeignKey(
+        McpServer, on_delete=models.CASCADE, related_name="tools", db_index=False
+    )
     remote_name = models.CharField(max_length=200)
     tool = models.OneToOneField(Tool, on_delete=models.CASCADE, related_name="mcp")
     description = models.TextField(blank=True)
@@ -179,7 +182,10 @@ class McpServerCredential(models.Model):
     """A tenant's credentials for an HTTP server: a connection whose secret the broker
     turns into request headers for that tenant's calls (never from arguments)."""
 
-    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="credentials")
+    # db_index=False: mcp_credential_once leads with it (tests/test_indexes.py).
+    server = models.ForeignKey(
+        McpServer, on_delete=models.CASCADE, related_name="credentials", db_index=False
+    )
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE)
     connection = models.ForeignKey("connections.Connection", on_delete=models.CASCADE)
 

@@ -18,7 +18,10 @@ class Plan(models.Model):
         ACTIVE = "active"
         COMPLETED = "completed"
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="plans")
+    # db_index=False: one_plan_per_run leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="plans", db_index=False
+    )
     run_id = models.CharField(max_length=128)
     objective = models.CharField(max_length=500)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
@@ -88,7 +91,8 @@ class PlanStep(models.Model):
         IN_PROGRESS = "in_progress"
         DONE = "done"
 
-    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="steps")
+    # db_index=False: unique_step_id leads with it (tests/test_indexes.py).
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_id = models.PositiveIntegerField()
     title = models.CharField(max_length=500)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)

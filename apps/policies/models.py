@@ -53,7 +53,10 @@ class PolicyQuerySet(EpochQuerySet["Policy"]):
 
 
 class Policy(models.Model):
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="policies")
+    # db_index=False: unique_policy_name leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="policies", db_index=False
+    )
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     enabled = models.BooleanField(default=True)
