@@ -25,6 +25,7 @@ from tests.approvals.support import (
     event_types,
     events,
     hold,
+    in_thread,
     queue_entries,
     record_of,
 )
@@ -233,7 +234,8 @@ def test_a_slow_call_hands_the_rest_of_its_batch_to_other_workers_at_once(
     first = worker.build_worker("first", batch=True, interval=0)
     batch = first.claim_many(first.claim_batch)
     assert len(batch) == 3
-    holding = threading.Thread(target=first.run_entries, args=(batch,))
+    # in_thread: the worker's connection goes back to the pool when the thread ends.
+    holding = threading.Thread(target=in_thread(lambda: first.run_entries(batch)))
     holding.start()
     try:
         second = worker.build_worker("second", batch=True, interval=0)
