@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import User
 from guardian.shortcuts import assign_perm
 from rest_framework.test import APIClient
@@ -17,6 +18,7 @@ from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.support import tools as support_tools
+from tests.support.threads import close_executor_connections
 
 
 @dataclass
@@ -61,6 +63,16 @@ CORE_TOOLS = [
     "core__planning_update_step",
     "core__planning_read_plan",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _shared_thread_connections() -> Iterator[None]:
+    """After each test, asgiref's shared thread gives back its database connections: an
+    async test's `sync_to_async` work runs there and nothing else closes them, so on
+    PostgreSQL the last one kept a session open on the test database at the end."""
+    yield
+    if SyncToAsync.single_thread_executor._threads:  # started by some test
+        close_executor_connections()
 
 
 @pytest.fixture

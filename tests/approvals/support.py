@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connections
 from django_tasks_db.models import DBTaskResult
 from guardian.shortcuts import assign_perm
 from rest_framework.test import APIClient
@@ -136,21 +133,3 @@ class Tally:
 
     def count(self, token: str) -> int:
         return self.path.read_text(encoding="utf-8").splitlines().count(token)
-
-
-def in_thread(target: Callable[[], Any]) -> Callable[[], Any]:
-    """Wrap a thread's body so its own database connection is closed when it ends."""
-
-    def run() -> Any:
-        try:
-            return target()
-        finally:
-            connections.close_all()
-
-    return run
-
-
-def start_thread(target: Callable[[], Any]) -> threading.Thread:
-    thread = threading.Thread(target=in_thread(target), daemon=True)
-    thread.start()
-    return thread

@@ -25,10 +25,10 @@ from tests.approvals.support import (
     event_types,
     events,
     hold,
-    in_thread,
     queue_entries,
     record_of,
 )
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -32,8 +32,8 @@ from tests.approvals.support import (
     queue_entries,
     record_of,
     require_approval,
-    start_thread,
 )
+from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -29,9 +29,9 @@ from tests.approvals.support import (
     hold,
     queue_entries,
     record_of,
-    start_thread,
 )
 from tests.support.server import ROOT, database_url
+from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

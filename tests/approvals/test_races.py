@@ -21,7 +21,6 @@ from tests.approvals.support import (
     drain_queue,
     event_types,
     hold,
-    in_thread,
     logged_in,
     make_operator,
     post_decision,
@@ -29,6 +28,7 @@ from tests.approvals.support import (
     record_of,
     require_approval,
 )
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,10 +24,10 @@ from tests.approvals.support import (
     drain_queue,
     event_types,
     hold,
-    in_thread,
     queue_entries,
     record_of,
 )
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

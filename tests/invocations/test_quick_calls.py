@@ -21,6 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.invocations import events, runner
 from apps.invocations.models import InvocationRecord, RunEvent, Status
 from tests.conftest import Agent, allow
+from tests.support.threads import in_thread
 
 
 def writes(queries: CaptureQueriesContext) -> list[str]:
@@ -68,8 +69,10 @@ def test_a_read_only_call_that_lingers_is_recorded_as_running_while_it_runs(
     allow(agent.tenant, "test__sleep")
     answers: list[dict[str, object]] = []
     caller = threading.Thread(
-        target=lambda: answers.append(
-            agent.invoke("test__sleep", runId="run-slow", args={"seconds": 0.4}).json()
+        target=in_thread(
+            lambda: answers.append(
+                agent.invoke("test__sleep", runId="run-slow", args={"seconds": 0.4}).json()
+            )
         )
     )
     before = time.monotonic()

@@ -14,6 +14,7 @@ from apps.mcp.models import McpServer
 from apps.tools.models import Tool
 from tests.conftest import allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,8 +62,10 @@ def test_a_running_call_is_cancelled_on_request():
     allow(agent.tenant, "mcp__bad__nap", "mcp__bad__echo")
     answers: list[dict[str, object]] = []
     worker = threading.Thread(
-        target=lambda: answers.append(
-            agent.invoke("mcp__bad__nap", args={"seconds": 30}, runId="run-nap").json()
+        target=in_thread(
+            lambda: answers.append(
+                agent.invoke("mcp__bad__nap", args={"seconds": 30}, runId="run-nap").json()
+            )
         )
     )
     worker.start()

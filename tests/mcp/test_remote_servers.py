@@ -32,6 +32,7 @@ from tests.conftest import allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
 from tests.support.processes import stop
 from tests.support.server import free_port
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -185,8 +186,10 @@ def test_the_credential_sent_is_scrubbed_even_if_rotated_while_the_call_runs(htt
     acme = with_credential(http_server, "echo_later")
     answers: list[Any] = []
     call = threading.Thread(
-        target=lambda: answers.append(
-            acme.invoke("mcp__calc__echo_later", args={"seconds": 1.5}, runId="run-r").json()
+        target=in_thread(
+            lambda: answers.append(
+                acme.invoke("mcp__calc__echo_later", args={"seconds": 1.5}, runId="run-r").json()
+            )
         )
     )
     call.start()

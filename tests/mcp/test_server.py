@@ -23,6 +23,7 @@ from apps.tools.models import Tool
 from tests.conftest import CORE_TOOLS, Agent, allow, make_agent
 from tests.support.redis import redis_server
 from tests.support.server import Server, daphne
+from tests.support.threads import in_thread
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 
@@ -198,7 +199,7 @@ def test_an_admin_change_sends_tools_list_changed_to_open_streams(server, demo):
         async with connected(server, demo.key, messages) as session:
             before, _ = await all_tools(session)
             await asyncio.sleep(1)  # the GET stream is open and subscribed
-            await asyncio.to_thread(_disable_echo, demo)
+            await asyncio.to_thread(in_thread(lambda: _disable_echo(demo)))
             for _ in range(100):
                 if any(isinstance(m, types.ToolListChangedNotification) for m in messages):
                     break
@@ -229,10 +230,10 @@ def test_another_tenants_change_is_not_announced_on_this_tenants_stream(server, 
     async def scenario() -> None:
         async with connected(server, demo.key, messages):
             await asyncio.sleep(1)  # the GET stream is open and subscribed
-            await asyncio.to_thread(_disable_echo, other)
+            await asyncio.to_thread(in_thread(lambda: _disable_echo(other)))
             await asyncio.sleep(1.5)
             assert changed() == 0
-            await asyncio.to_thread(_disable_echo, demo)
+            await asyncio.to_thread(in_thread(lambda: _disable_echo(demo)))
             for _ in range(100):
                 if changed():
                     break

@@ -17,6 +17,7 @@ from apps.mcp.models import McpServer, McpTool
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
+from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TIME = "mcp__time__get_current_time"
@@ -143,10 +144,14 @@ def test_a_call_that_times_out_fails_alone_and_the_calls_sharing_its_session_go_
 
     first = pid_of(agent)
     with ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 30}).json())
+        slow = pool.submit(
+            in_thread(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 30}).json())
+        )
         time.sleep(3)
         # Still running when the slow call times out (at 5 s), on the same session.
-        meanwhile = pool.submit(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 3}).json())
+        meanwhile = pool.submit(
+            in_thread(lambda: agent.invoke("mcp__bad__nap", args={"seconds": 3}).json())
+        )
         assert slow.result(30)["errorCode"] == "timeout"
         assert meanwhile.result(30)["ok"] is True, meanwhile.result()
     assert pid_of(agent) == first  # the server answered the ping: its session was kept
