@@ -38,6 +38,11 @@ class Mailer(Protocol):
     def send(self, to: list[str], subject: str, body: str) -> int: ...
 
 
+# Capabilities that answer from this process without waiting on anything: the only ones a
+# tool that runs inline (ToolContract.runs_inline) may declare.
+NEVER_WAIT = frozenset({"clock"})
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the runner bound for one call; fields a tool did not declare are None."""

@@ -121,6 +121,11 @@ class ToolContract:
     requires_connection: bool = False
     capabilities: tuple[str, ...] = ()
     namespace: str = "core"
+    # The tool computes its answer from its arguments (and the clock) and returns at once:
+    # it never waits on anything. The runner then calls it on the calling thread, without
+    # the hand-over to a tool thread and back (issue 13); its deadline is checked when it
+    # returns. The registry refuses it with a capability that can wait (NEVER_WAIT).
+    runs_inline: bool = False
 
     @property
     def id(self) -> str:

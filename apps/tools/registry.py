@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from apps.tools.capabilities import Capabilities
+from apps.tools.capabilities import NEVER_WAIT, Capabilities
 from apps.tools.contracts import CONSEQUENCE_LEVELS, EFFECTS, ToolContract, ToolParams
 from apps.tools.redaction import PathTree, RedactionError, build_tree, check_paths
 from apps.tools.schema import (
@@ -72,6 +72,15 @@ def check_contract(contract: ToolContract) -> RegisteredTool:
     unknown = set(contract.capabilities) - KNOWN_CAPABILITIES
     if unknown:
         raise refuse(f"unknown capabilities {sorted(unknown)}")
+    if contract.runs_inline:
+        waiting = set(contract.capabilities) - NEVER_WAIT
+        if waiting:
+            raise refuse(
+                f"runs inline, so it may not wait: capabilities {sorted(waiting)} can "
+                f"(inline tools may declare only {sorted(NEVER_WAIT)})"
+            )
+        if contract.requires_connection:
+            raise refuse("runs inline, so it may not wait: it may not require a connection")
     try:
         input_schema = compile_model(contract.params)
         output_schema = compile_model(contract.result)

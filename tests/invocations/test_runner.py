@@ -4,6 +4,7 @@ the planning suite and the clock."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -160,6 +161,58 @@ def test_a_provider_that_times_out_first_ends_the_call_as_a_timeout_too(tester):
     assert (code, message) == ("timeout", "The tool did not finish within 0.5 s.")
     record = InvocationRecord.objects.get(tool_ref="test__provider_timeout")
     assert (record.status, record.error_code) == ("failed", "timeout")
+
+
+# ---------------------------------------------------------------- tools that run inline
+
+
+def test_a_tool_that_runs_inline_runs_on_the_callers_thread_and_others_on_a_tool_thread(tester):
+    here = threading.current_thread().name  # the test client runs the view on this thread
+    assert ok_result(tester.invoke("test__inline_where", args={})) == {"thread": here}
+    elsewhere = ok_result(tester.invoke("test__where", args={}))["thread"]
+    assert elsewhere.startswith("toolhub-tool")
+
+
+def test_the_clock_runs_inline_and_records_its_call_as_before(tester):
+    from apps.tools.registry import registry
+
+    assert registry.get(CLOCK).contract.runs_inline
+    response = tester.invoke(CLOCK, args={"timezone": "Europe/Paris"}, runId="run-inline")
+    assert ok_result(response)["timezone"] == "Europe/Paris"
+    record = record_of(response)
+    assert (record.status, record.ok) == ("succeeded", True)
+    kinds = [e.type for e in RunEvent.objects.filter(run_id="run-inline").order_by("seq")]
+    assert kinds == ["tool_call_start", "tool_call_result"]
+
+
+def test_a_tool_that_runs_inline_past_its_deadline_is_a_timeout_not_a_result(tester):
+    response = tester.invoke("test__inline_overrun", args={})
+    code, message = failure(response)
+    assert (code, message) == ("timeout", "The tool did not finish within 0.05 s.")
+    record = record_of(response)
+    assert (record.status, record.error_code, record.result) == ("failed", "timeout", None)
+    assert "waited" not in response.content.decode()  # the late answer is not shown
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "message"),
+    [
+        ("refuse", "execution", "The inline tool said no."),
+        ("crash", "execution", "The tool failed unexpectedly."),
+        ("timed_out", "timeout", "The tool did not finish within 15 s."),
+    ],
+)
+def test_a_tool_that_runs_inline_fails_as_one_on_a_thread_does(tester, how, code, message):
+    response = tester.invoke("test__inline_fail", args={"how": how})
+    assert failure(response) == (code, message)
+    record = record_of(response)
+    assert (record.status, record.error_code) == ("failed", code)
+    assert "hunter2" not in response.content.decode() + record.safe_message
+
+
+def test_a_tool_that_runs_inline_still_refuses_bad_arguments(tester):
+    code, _ = failure(tester.invoke("test__inline_fail", args={"how": "explode"}))
+    assert code == "validation"
 
 
 def test_a_result_that_does_not_match_the_declared_output_is_output_invalid(tester):

@@ -7,7 +7,9 @@ through TOOLHUB_EXTRA_TOOL_MODULES=tests.support.tools.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -120,6 +122,36 @@ def big_output(params: Size, ctx: ToolContext, caps: Capabilities) -> Blob:
     return Blob(blob="x" * params.size)
 
 
+class Where(ToolOutput):
+    thread: str
+
+
+class Fail(ToolParams):
+    how: Literal["refuse", "crash", "timed_out"]
+
+
+def where(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Where:
+    """Names the thread the runner ran it on."""
+    return Where(thread=threading.current_thread().name)
+
+
+def overrun(params: NoParams, ctx: ToolContext, caps: Capabilities) -> Waited:
+    """Computes past its deadline without waiting on anything (a tool that runs inline
+    and is slower than it declared)."""
+    end = time.monotonic() + 0.15
+    while time.monotonic() < end:
+        pass
+    return Waited(waited=150)
+
+
+def fail(params: Fail, ctx: ToolContext, caps: Capabilities) -> Waited:
+    if params.how == "refuse":
+        raise ToolError("The inline tool said no.")
+    if params.how == "timed_out":
+        raise ToolTimedOut("The provider did not answer in time.")
+    raise RuntimeError("internal detail: password=hunter2")
+
+
 def _test_tool(
     name: str, params: type[ToolParams], result: type[ToolOutput], execute: object, **kw: object
 ) -> ToolContract:
@@ -147,6 +179,16 @@ CONTRACTS = [
     _test_tool("wrong_output", NoParams, Waited, wrong_output),
     _test_tool("big_output", Size, Blob, big_output),
     _test_tool(
-        "confirm", NoParams, Waited, noop, requires_confirmation=True, effect="external_side_effect"
+        "confirm",
+        NoParams,
+        Waited,
+        noop,
+        requires_confirmation=True,
+        effect="external_side_effect",
+        runs_inline=True,
     ),
+    _test_tool("where", NoParams, Where, where),
+    _test_tool("inline_where", NoParams, Where, where, runs_inline=True),
+    _test_tool("inline_overrun", NoParams, Waited, overrun, runs_inline=True, timeout_s=0.05),
+    _test_tool("inline_fail", Fail, Waited, fail, runs_inline=True),
 ]

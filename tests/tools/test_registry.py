@@ -110,6 +110,25 @@ def test_known_capabilities_are_accepted():
     ToolRegistry().register(make_contract(capabilities=("clock", "plans")))
 
 
+@pytest.mark.parametrize(
+    "capabilities", [("http",), ("plans",), ("mail",), ("clock", "http")], ids=str
+)
+def test_a_tool_that_runs_inline_may_not_declare_a_capability_that_waits(capabilities):
+    message = refusal(make_contract(runs_inline=True, capabilities=capabilities))
+    assert "runs inline, so it may not wait" in message
+    assert next(name for name in capabilities if name != "clock") in message
+
+
+def test_a_tool_that_runs_inline_may_not_require_a_connection():
+    message = refusal(make_contract(runs_inline=True, requires_connection=True))
+    assert "may not require a connection" in message
+
+
+def test_a_tool_that_runs_inline_may_read_the_clock():
+    ToolRegistry().register(make_contract(runs_inline=True, capabilities=("clock",)))
+    ToolRegistry().register(make_contract(runs_inline=True))
+
+
 @pytest.mark.parametrize("effect", ["destructive", "READ_ONLY", ""])
 def test_an_unknown_effect_is_refused(effect):
     assert "effect" in refusal(make_contract(effect=effect))
