@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import User
 from guardian.shortcuts import assign_perm
 from rest_framework.test import APIClient
@@ -71,8 +70,7 @@ def _shared_thread_connections() -> Iterator[None]:
     async test's `sync_to_async` work runs there and nothing else closes them, so on
     PostgreSQL the last one kept a session open on the test database at the end."""
     yield
-    if SyncToAsync.single_thread_executor._threads:  # started by some test
-        close_executor_connections()
+    close_executor_connections()
 
 
 @pytest.fixture

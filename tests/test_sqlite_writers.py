@@ -16,28 +16,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.db import OperationalError, close_old_connections, connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from apps.tenants.models import Tenant
 from tests.support.server import ROOT, database_url
+from tests.support.threads import start_thread
 from toolhub.sqlite3 import base
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite backend only"),
     pytest.mark.django_db(transaction=True),
 ]
-
-
-def in_thread(target: object) -> threading.Thread:
-    def run() -> None:
-        try:
-            target()  # type: ignore[operator]
-        finally:
-            close_old_connections()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
 
 
 def test_a_second_writer_begins_only_once_the_first_commits() -> None:
@@ -59,7 +48,7 @@ def test_a_second_writer_begins_only_once_the_first_commits() -> None:
             order.append("second in")
             Tenant.objects.create(slug="second", name="Second")
 
-    threads = [in_thread(first), in_thread(second)]
+    threads = [start_thread(first), start_thread(second)]
     first_inside.wait(5)
     assert base._writer.locked()
     release_first.set()
@@ -82,7 +71,7 @@ def test_the_lock_is_freed_by_a_rollback_and_by_a_closed_connection() -> None:
         Tenant.objects.create(slug="abandoned", name="Abandoned")
         connection.close()
 
-    in_thread(abandon).join(10)
+    start_thread(abandon).join(10)
     assert not base._writer.locked()
     with transaction.atomic():
         Tenant.objects.create(slug="after", name="After")
@@ -100,7 +89,7 @@ def test_a_writer_that_waits_past_the_timeout_gets_database_is_locked(
             holding.set()
             done.wait(10)
 
-    holder = in_thread(hold)
+    holder = start_thread(hold)
     holding.wait(5)
     connection.settings_dict["OPTIONS"] = {**connection.settings_dict["OPTIONS"], "timeout": 0.2}
     try:
@@ -190,7 +179,7 @@ def test_a_writer_waits_for_another_process_writer_and_then_writes() -> None:
 
     with other_process_writing("other-commits") as holder:
         assert not file_is_free()
-        writer = in_thread(write)
+        writer = start_thread(write)
         assert not done.wait(0.3)  # still waiting on the other process's lock
         assert base._writer.locked()  # ... holding this process's own meanwhile
         end(holder, "commit")

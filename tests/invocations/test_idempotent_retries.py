@@ -4,7 +4,6 @@ first attempt's final outcome, waiting for it while it runs (API.md, Idempotent 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 
 from apps.approvals.models import ApprovalRequest
@@ -22,6 +20,7 @@ from apps.invocations.models import InvocationRecord, RunEvent, Status
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow
 from tests.support.server import daphne
+from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,14 +51,7 @@ def test_a_retry_during_the_first_attempt_waits_for_its_outcome(tester, tmp_path
     body = {"args": wait_args(trace, 800), "idempotencyKey": "wait-1"}
     answers: list[Any] = []
 
-    def first() -> None:
-        try:
-            answers.append(tester.invoke(SLOW, **body))
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=first)
-    thread.start()
+    thread = start_thread(lambda: answers.append(tester.invoke(SLOW, **body)))
     while not InvocationRecord.objects.filter(idempotency_key="wait-1").exists():
         time.sleep(0.02)
     retry = tester.invoke(SLOW, **body)

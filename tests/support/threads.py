@@ -37,5 +37,8 @@ def start_thread(target: Callable[[], Any]) -> threading.Thread:
 def close_executor_connections() -> None:
     """Close what asgiref's shared thread holds. An async test's `sync_to_async` work
     (and Django's ASGI handler, with no request_finished to close it) runs there when no
-    outer `async_to_sync` gives it a thread; that thread lives as long as the process."""
-    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
+    outer `async_to_sync` gives it a thread; that thread lives as long as the process.
+    Nothing to do before some test has started it."""
+    executor = SyncToAsync.single_thread_executor
+    if executor._threads:
+        executor.submit(connections.close_all).result(timeout=10)
