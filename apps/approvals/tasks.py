@@ -22,6 +22,7 @@ from apps.approvals import wake  # noqa: F401  (wakes workers on every enqueue)
 if TYPE_CHECKING:
     from apps.approvals.models import ApprovalRequest
     from apps.invocations import statements
+    from apps.invocations.models import InvocationRecord
 
 logger = logging.getLogger(__name__)
 
@@ -91,34 +92,80 @@ def run_approved_calls(
 
         return on_linger if rest and hand_on is not None else None
 
+    def ended(approval: ApprovalRequest, record: InvocationRecord | None) -> None:
+        if record is None:
+            approval.refresh_from_db(fields=["status"])
+            outcomes[str(approval.pk)] = str(approval.status)
+            return
+        approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
+        outcomes[str(approval.pk)] = str(approval.status)
+        finished.setdefault(approval.status, []).append(str(approval.pk))
+
     # Each call's end is written in the transaction that starts the next (runner.Closing).
     closing = runner.Closing()
+    together = _together(approval_ids, approvals)
     try:
         for index, approval_id in enumerate(approval_ids):
             if not go_on() or handed_on:
                 break
+            if approval_id in outcomes:
+                continue  # started together with an earlier one
             approval = approvals.get(approval_id)
             if approval is None or approval.status != ApprovalStatus.APPROVED:
                 outcomes[approval_id] = approval.status if approval else "missing"
                 continue
+            group = together.get(approval_id, [])
+            if len(group) > 1:
+                records = runner.resume_together(
+                    [approvals[pk] for pk in group],
+                    [_claimer(approvals[pk]) for pk in group],
+                    closing,
+                )
+                if records is not None:
+                    for pk, record in zip(group, records, strict=True):
+                        ended(approvals[pk], record)
+                    continue
             record = runner.resume(
                 approval,
                 _claimer(approval),
                 on_linger=linger(approval_ids[index + 1 :]),
                 closing=closing,
             )
-            if record is None:
-                approval.refresh_from_db(fields=["status"])
-                outcomes[approval_id] = str(approval.status)
-                continue
-            approval.status = ApprovalStatus.SUCCEEDED if record.ok else ApprovalStatus.FAILED
-            outcomes[approval_id] = str(approval.status)
-            finished.setdefault(approval.status, []).append(approval_id)
+            ended(approval, record)
     finally:
         closing.flush()
     for status, ids in finished.items():
         statements.update_rows(ApprovalRequest, ids, {"status": status})
     return outcomes
+
+
+def _together(
+    approval_ids: list[str], approvals: dict[str, ApprovalRequest]
+) -> dict[str, list[str]]:
+    """The runs of consecutive approved calls of tools that never wait (runner.
+    resume_together), by their first id, on PostgreSQL only: they start in one
+    statement. Nothing can hold such a call, so none holds the others of its run."""
+    from apps.approvals.models import ApprovalStatus
+    from apps.invocations import combined, runner
+
+    runs: dict[str, list[str]] = {}
+    if not combined.available():
+        return runs
+    current: list[str] = []
+    for approval_id in [*approval_ids, ""]:  # "": the end closes the last run
+        approval = approvals.get(approval_id)
+        if (
+            approval is not None
+            and approval.status == ApprovalStatus.APPROVED
+            and approval_id not in current  # one claim per row in a statement
+            and runner.runs_inline(approval.tool_id)
+        ):
+            current.append(approval_id)
+            continue
+        if len(current) > 1:
+            runs[current[0]] = current
+        current = []
+    return runs
 
 
 def _claimer(approval: ApprovalRequest) -> statements.Guarded:

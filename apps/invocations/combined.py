@@ -24,6 +24,11 @@ of it):
 A batch's last ends (runner.Closing.flush) are the same statement without a claim: an
 empty `claimed`, the ends' UPDATEs, the counters and their events.
 
+`write_many()` takes several claims, each with the updates and events written only if it
+applies: the calls of tools that never wait, started together (runner.resume_together).
+Each claim is a CTE of its own (`claim0`, `claim1`, ...) answering its position, and
+`claimed` is their union; the answer lists the positions that applied.
+
 What each row ends up holding is what the statements one by one write, for the same
 values; `tests/approvals/test_combined_start.py` compares them. Other databases (SQLite)
 keep the statements one by one: `available()`.
@@ -51,12 +56,22 @@ _EVENT_COLUMNS = ("tenant", "run_id", "type", "tool_call_id", "tool_id", "messag
 
 @dataclass
 class Pending:
-    """One event to write: `needs_claim` ones only if the claim applies."""
+    """One event to write: `needs_claim` ones only if their claim (the `claim`-th of the
+    statement's) applies."""
 
     tenant: Tenant
     run_id: str
     event: Event
     needs_claim: bool
+    claim: int = 0
+
+
+@dataclass
+class Claim:
+    """A claim (approved -> executing) and the updates written only if it applies."""
+
+    guarded: statements.Guarded
+    updates: list[tuple[Any, tuple[str, ...]]]
 
 
 def available(using: str = "default") -> bool:
@@ -65,8 +80,9 @@ def available(using: str = "default") -> bool:
 
 @dataclass
 class Started:
-    claimed: bool  # the claim applied: the start and its event were written
+    claimed: bool  # the (first) claim applied: the start and its event were written
     epoch: int | None  # the authorization epoch the statement saw (apps.tenants.epoch)
+    applied: list[bool]  # per claim (write_many), in order
 
 
 def write(
@@ -84,29 +100,62 @@ def write(
     with nothing sent, when a row has a field only Django's own update can write: use the
     statements one by one."""
     assert claim is not None or not claimed_updates
+    claims = [Claim(claim, claimed_updates)] if claim is not None else []
     first = claim.row if claim is not None else updates[0][0]
-    using = first._state.db or "default"
+    return write_many(first._state.db or "default", updates, claims, pending, at_epoch)
+
+
+def write_many(
+    using: str,
+    updates: list[tuple[Any, tuple[str, ...]]],
+    claims: list[Claim],
+    pending: list[Pending],
+    at_epoch: int | None,
+) -> Started | None:
+    """`write` with any number of claims, each with the updates written only if it
+    applies (several calls of tools that never wait, started together: runner.
+    resume_together). Every claim requires the epoch to be `at_epoch`; the answer says
+    which applied."""
     connection = connections[using]
-    undo = claim.undo if claim is not None else _nothing
     parts: list[str] = []
     params: list[Any] = []
     current = epoch.value_sql(using)
-    if claim is None:
-        parts.append("claimed AS (SELECT 1 WHERE false)")
-    else:
-        claim.apply()
-        built = statements.update_sql(claim.row, claim.fields, only_if=claim.only_if)
+    applied: list[statements.Guarded] = []
+
+    def undo() -> None:
+        for guarded in applied:
+            guarded.undo()
+
+    if not claims:
+        parts.append("claimed AS (SELECT 0 AS k WHERE false)")
+    names = ["claimed"] if len(claims) == 1 else [f"claim{n}" for n in range(len(claims))]
+    for order, (name, claim) in enumerate(zip(names, claims, strict=True)):
+        guarded = claim.guarded
+        guarded.apply()
+        applied.append(guarded)
+        built = statements.update_sql(guarded.row, guarded.fields, only_if=guarded.only_if)
         if built is None:
             undo()
             return None
-        parts.append(f"claimed AS ({built[0]} AND {current} = %s RETURNING 1)")
+        parts.append(f"{name} AS ({built[0]} AND {current} = %s RETURNING {order} AS k)")
         params += [*built[1], at_epoch]
-    for index, (row, fields) in enumerate([*updates, *claimed_updates]):
+    if len(claims) > 1:
+        union = " UNION ALL ".join(f"SELECT k FROM {name}" for name in names)  # noqa: S608
+        parts.append(f"claimed AS ({union})")
+    guarded_updates: list[tuple[Any, tuple[str, ...], int | None]] = [
+        (row, fields, None) for row, fields in updates
+    ]
+    guarded_updates += [
+        (row, fields, n) for n, claim in enumerate(claims) for row, fields in claim.updates
+    ]
+    for index, (row, fields, needs) in enumerate(guarded_updates):
         built = statements.update_sql(row, fields)
         if built is None:
             undo()
             return None
-        guard = " AND EXISTS (SELECT 1 FROM claimed)" if index >= len(updates) else ""
+        guard = (
+            "" if needs is None else f" AND EXISTS (SELECT 1 FROM claimed WHERE k = {needs})"  # noqa: S608
+        )
         parts.append(f"u{index} AS ({built[0]}{guard} RETURNING 1)")
         params += built[1]
     streamed = [events.streamed(item.run_id, item.event, 0) for item in pending]
@@ -117,7 +166,7 @@ def write(
     numbered = "numbered" if pending else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
     parts_sql = ", ".join(parts)
     answer_sql = (
-        f"SELECT (SELECT count(*) FROM claimed), {current}, n.tenant_id, n.run_id, "  # noqa: S608
+        f"SELECT ARRAY(SELECT k FROM claimed), {current}, n.tenant_id, n.run_id, "  # noqa: S608
         f"n.last_seq FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, "
         "last_seq) ON true"
     )
@@ -127,15 +176,18 @@ def write(
         with statement_cursor(connection) as cursor:
             cursor.execute(_kept_text(f"WITH {parts_sql} {answer_sql}"), params)
             answer = cursor.fetchall()
-    except BaseException:  # nothing was written: the row as it was
+    except BaseException:  # nothing was written: the rows as they were
         undo()
         raise
-    claimed, seen = bool(answer[0][0]), answer[0][1]
-    if not claimed:
-        undo()
+    took, seen = set(answer[0][0]), answer[0][1]
+    for order, claim in enumerate(claims):
+        if order not in took:
+            claim.guarded.undo()
     last = {(int(t), str(r)): int(s) for _, _, t, r, s in answer if t is not None}
     written = [
-        item for item in zip(pending, streamed, strict=True) if claimed or not item[0].needs_claim
+        item
+        for item in zip(pending, streamed, strict=True)
+        if not item[0].needs_claim or item[0].claim in took
     ]
     _number([((item.tenant.pk, item.run_id), message) for item, (message, _) in written], last)
     # One push per event, as events.gathered().
@@ -145,15 +197,14 @@ def write(
         batches.append((item.tenant, item.run_id, [item.event]))
         messages.append([message])
     events.push_after_commit(batches, messages)
-    return Started(claimed, None if seen is None else int(seen))
-
-
-def _nothing() -> None:
-    pass
+    flags = [order in took for order in range(len(claims))]
+    return Started(bool(flags) and flags[0], None if seen is None else int(seen), flags)
 
 
 _texts: dict[str, str] = {}
-_TEXTS_KEPT = 256  # a statement's shapes: its number of earlier ends, which events need a claim
+# A statement's shapes: its number of earlier ends, its number of claims, which events
+# need which claim (a worker's batch is at most CLAIM_BATCH calls).
+_TEXTS_KEPT = 1024
 
 
 def _kept_text(sql: str) -> str:
@@ -180,7 +231,7 @@ class _EventColumns:
 
 
 _columns: dict[str, _EventColumns] = {}
-_event_statements: dict[tuple[str, tuple[bool, ...]], str] = {}
+_event_statements: dict[tuple[str, tuple[tuple[bool, int], ...]], str] = {}
 
 
 def _event_columns(connection: Any) -> _EventColumns:
@@ -211,7 +262,7 @@ def _events_sql(
     """The events' CTEs (wanted, numbered, written) and their parameters. The text depends
     only on the database and on which events need the claim: built once per shape."""
     table = _event_columns(connection)
-    gated = tuple(item.needs_claim for item in pending)
+    gated = tuple((item.needs_claim, item.claim) for item in pending)
     params: list[Any] = []
     for item, (message, at) in zip(pending, streamed, strict=True):
         # What Django writes for each column (get_db_prep_save), as statements.insert.
@@ -233,14 +284,16 @@ def _events_sql(
     if sql is None:
         rows = [
             "("
-            + ", ".join([f"{order}", *(f"%s::{cast}" for cast in table.casts), str(needs).upper()])
+            + ", ".join(
+                [f"{order}", *(f"%s::{cast}" for cast in table.casts), str(needs).upper(), f"{k}"]
+            )
             + ")"
-            for order, needs in enumerate(gated)
+            for order, (needs, k) in enumerate(gated)
         ]
         sql = _event_statements[key] = (
             f"wanted AS (SELECT * FROM (VALUES {', '.join(rows)}) "  # noqa: S608 (names only)
-            f"AS e(ord, {table.names}, needs_claim) "
-            "WHERE NOT e.needs_claim OR EXISTS (SELECT 1 FROM claimed)), "
+            f"AS e(ord, {table.names}, needs_claim, claim) "
+            "WHERE NOT e.needs_claim OR e.claim IN (SELECT k FROM claimed)), "
             f"numbered AS (INSERT INTO {table.run_table} (tenant_id, run_id, last_seq, "
             "created_at) SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
             "GROUP BY tenant_id, run_id ORDER BY tenant_id, run_id "

@@ -76,7 +76,7 @@ from apps.tools.contracts import (
 from apps.tools.models import Effect, Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
-from apps.tools.registry import RegisteredTool
+from apps.tools.registry import RegisteredTool, registry
 
 logger = logging.getLogger(__name__)
 
@@ -503,6 +503,114 @@ def resume(
 # How many times a call whose claim missed because of an edit (the epoch moved) is checked
 # again and started in one statement, before its start goes statement by statement.
 EPOCH_ATTEMPTS = 3
+
+
+def runs_inline(tool_id: str) -> bool:
+    """Whether the tool never waits (ToolContract.runs_inline). Only in-code contracts
+    can say so: an MCP server's tools are never looked up (that would be a query)."""
+    registered = registry.get(tool_id)
+    return registered is not None and registered.contract.runs_inline
+
+
+def resume_together(
+    approvals: list[ApprovalRequest], claims: list[statements.Guarded], closing: Closing
+) -> list[InvocationRecord | None] | None:
+    """resume() for several approved calls of tools that never wait (runs_inline), on
+    PostgreSQL: each is checked again as resume() checks it, all at one epoch, then
+    their claims, their records' starts, their tool_call_start events and the earlier
+    calls' ends are one statement (combined.write_many), and the claimed ones run one
+    after the other, their ends left to the closing. None of them can hold the others (an
+    inline tool answers within microseconds), so starting them together changes no start
+    time anyone could tell apart; a tool that can wait is never started this way.
+
+    Answers each call's record, or None where its claim missed (another worker has it,
+    or it was cancelled). Answers None, with nothing written, when they must go one by
+    one through resume(): a check refused one (resume records the refusal), a row only
+    Django's own update can write, or the epoch moved EPOCH_ATTEMPTS times."""
+    assert len(approvals) == len(claims)
+    started: combined.Started | None = None
+    calls: list[Call] = []
+    for _ in range(EPOCH_ATTEMPTS):
+        calls = []
+        with epoch.pinned(closing.epoch):  # every call's checks at one epoch
+            for approval in approvals:
+                _join_requester(approval)
+                call = _call_for(approval, args=approval.args)
+                try:
+                    check_call(call)
+                except Refusal:
+                    return None
+                if call.request_hash != approval.bound_hash:
+                    return None
+                calls.append(call)
+            checked_at = epoch.current()
+        started = _start_together(calls, claims, closing, checked_at)
+        if started is None:
+            closing.epoch = None
+            return None
+        closing.epoch = started.epoch
+        if started.epoch == checked_at:
+            break  # a claim that missed now was lost, not outdated
+    else:
+        return None
+    assert started is not None
+    records: list[InvocationRecord | None] = []
+    failure: BaseException | None = None
+    for call, applied in zip(calls, started.applied, strict=True):
+        if not applied:
+            records.append(None)
+            continue
+        call.closing = closing
+        try:  # a claimed call has started: the others run even if one breaks
+            records.append(run_started(call))
+        except Exception as error:
+            failure = failure or error
+            records.append(None)
+    if failure is not None:
+        raise failure
+    return records
+
+
+def _start_together(
+    calls: list[Call], claims: list[statements.Guarded], closing: Closing, checked_at: int
+) -> combined.Started | None:
+    """_start_combined for several calls: one statement (combined.write_many)."""
+    now = timezone.now()
+    before: list[dict[str, Any]] = []
+    for call in calls:
+        assert call.record is not None
+        before.append({name: getattr(call.record, name) for name in STARTING_FIELDS})
+        _mark_started(call, now)
+    ends = closing.pending()
+    pending = _end_events(ends)
+    pending += [
+        combined.Pending(
+            call.caller.tenant, call.run_id, _start_event(call, now), needs_claim=True, claim=n
+        )
+        for n, call in enumerate(calls)
+    ]
+    started = None
+    try:
+        started = combined.write_many(
+            calls[0].record._state.db or "default",  # type: ignore[union-attr]
+            [(end, CLOSING_FIELDS) for end in ends],
+            [
+                combined.Claim(claim, [(call.record, STARTING_FIELDS)])
+                for call, claim in zip(calls, claims, strict=True)
+            ],
+            pending,
+            checked_at,
+        )
+    finally:
+        for n, (call, was) in enumerate(zip(calls, before, strict=True)):
+            if started is None or not started.applied[n]:  # not started: as it was
+                for name, value in was.items():
+                    setattr(call.record, name, value)
+    if started is not None:
+        closing.done(ends)
+        for end in ends:
+            transaction.on_commit(partial(_log, end))
+    return started
 
 
 def _start_combined(

@@ -1,8 +1,10 @@
 """A test tool that leaves a trace of every execution, so tests can count real runs,
-in this process and in a worker subprocess (TOOLHUB_EXTRA_TOOL_MODULES)."""
+in this process and in a worker subprocess (TOOLHUB_EXTRA_TOOL_MODULES); and one that
+runs inline (it never waits), counting its runs in this process."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from pydantic import Field
@@ -27,6 +29,20 @@ def tally(params: Tally, ctx: ToolContext, caps: Capabilities) -> Counted:
     return Counted(token=params.token)
 
 
+class Token(ToolParams):
+    token: str = Field(max_length=100)
+
+
+# test__inline_tally's runs in this process, per token.
+INLINE_RUNS: Counter[str] = Counter()
+
+
+def inline_tally(params: Token, ctx: ToolContext, caps: Capabilities) -> Counted:
+    """Counts the token in memory: nothing to wait on, so it may run inline."""
+    INLINE_RUNS[params.token] += 1
+    return Counted(token=params.token)
+
+
 CONTRACTS = [
     ToolContract(
         name="tally",
@@ -38,5 +54,17 @@ CONTRACTS = [
         requires_confirmation=True,
         redaction=Redaction(result=("token",), args=("token",)),
         namespace="test",
-    )
+    ),
+    ToolContract(
+        name="inline_tally",
+        description="Test tool inline_tally: counts each execution in memory, inline.",
+        params=Token,
+        result=Counted,
+        execute=inline_tally,
+        effect="external_side_effect",
+        requires_confirmation=True,
+        redaction=Redaction(result=("token",), args=("token",)),
+        namespace="test",
+        runs_inline=True,
+    ),
 ]
