@@ -283,3 +283,31 @@ def test_on_postgresql_a_connection_keeps_one_statement_cursor_while_it_is_free(
     connection.close()
     renewed, renewed_row = one("SELECT %s::int", [5])
     assert renewed is not first and renewed_row == (5,)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared on PostgreSQL only")
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_a_long_statement_is_converted_once_and_bound_anew_each_time(
+    agent: Agent,
+) -> None:
+    """The prepared cursor keeps the conversion of a text (placeholders to `$n`) even past
+    psycopg's own limits (4 KiB, 50 values), as a worker's start of several calls is;
+    each execution still binds its own values, and a literal `%%` stays a `%`."""
+    from toolhub.postgresql import base, statement_cursor
+
+    count = 80
+    sql = "SELECT '100%%', " + " + ".join(["%s::int"] * count) + " -- " + "x" * 4096
+    assert len(sql) > 4096
+    base._converted.cache_clear()
+    answers = []
+    for offset in range(3):
+        with statement_cursor(connection) as cursor:
+            cursor.execute(sql, [n + offset for n in range(count)])
+            answers.append(cursor.fetchone())
+    assert answers == [("100%", sum(range(count)) + offset * count) for offset in range(3)]
+    converted = base._converted.cache_info()
+    assert (converted.misses, converted.hits) == (1, 2)
+    with statement_cursor(connection) as cursor:  # a text without values: psycopg's own
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+    assert base._converted.cache_info().misses == 1

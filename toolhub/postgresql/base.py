@@ -14,15 +14,20 @@ The first request of an outage finds an idle connection, broken: the pool's chec
 same text (the call path's, through `toolhub.postgresql.statement_cursor`): Django's
 cursors bind parameters on the client, so PostgreSQL parses, analyses and plans every one
 anew (about 60 % of its CPU per queued call, perf during `bench/decision.py --throughput`).
+Its cursor also keeps psycopg's conversion of each text (`%s` to `$1`, `_KeptQuery`):
+psycopg keeps it only for texts under 4 KiB with at most 50 values, and a worker's start
+of several calls (apps/invocations/combined.write_many) is longer.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, cast
 
 import psycopg
 from django.db.backends.postgresql import base, operations
 from django.db.backends.utils import CursorWrapper
+from psycopg._queries import PostgresQuery, _query2pg_nocache
 
 from toolhub.postgresql.pool import Unreachable, probe, reachability
 
@@ -83,12 +88,39 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return cursor
 
 
+# Texts whose conversion is kept: the call path's statement shapes are a few dozen.
+KEPT_CONVERSIONS = 256
+
+
+@lru_cache(maxsize=KEPT_CONVERSIONS)
+def _converted(query: str, encoding: str) -> Any:
+    return _query2pg_nocache(query.encode(encoding), encoding)
+
+
+class _KeptQuery(PostgresQuery):
+    """psycopg's query, its text's conversion (placeholders to `$n`, the values' order
+    and formats) kept whatever its length: psycopg keeps it only for texts under 4 KiB
+    with at most 50 values (psycopg/_queries.py, for ORMs' ever-changing texts), and
+    redid it for every start of several calls (issue 13: a quarter of a worker's main
+    thread). Only the prepared cursor uses it, whose texts take a few shapes."""
+
+    def convert(self, query: Any, vars: Any) -> None:
+        if vars is None or not isinstance(query, str):
+            super().convert(query, vars)
+            return
+        self.query, self._want_formats, self._order, self._parts = _converted(
+            query, self._tx.encoding
+        )
+        self.dump(vars)
+
+
 class _PreparingCursor(psycopg.Cursor[Any]):
     """psycopg's server-binding cursor, preparing every statement it sends (with Django's
     prepare_threshold of None, the connection's setting, nothing is prepared). The one a
     connection keeps (`kept`) is not closed when a statement is done with it, only freed
     for the next (DatabaseWrapper._free_prepared_cursor)."""
 
+    _query_cls = _KeptQuery
     kept = False
     in_use = False
 
