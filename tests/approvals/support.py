@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django_tasks_db.models import DBTaskResult
 from guardian.shortcuts import assign_perm
@@ -13,6 +18,7 @@ from rest_framework.test import APIClient
 from apps.approvals import tasks
 from apps.approvals.models import ApprovalRequest
 from apps.approvals.worker import build_worker
+from apps.invocations.events import run_group
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.policies.models import Policy, PolicyRule
 from apps.tenants.models import Tenant
@@ -106,6 +112,24 @@ def events(tenant: Tenant, run_id: str) -> list[dict[str, Any]]:
         event.message
         for event in RunEvent.objects.filter(tenant=tenant, run_id=run_id).order_by("seq")
     ]
+
+
+def subscribed(tenant: Tenant, run_id: str) -> Callable[[], list[dict[str, Any]]]:
+    """A channel in the run's group, on a flushed layer. Called, the answer reads what the
+    channel was sent, until nothing more comes for 0.3 s."""
+    layer = get_channel_layer()
+    async_to_sync(layer.flush)()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(run_group(tenant.pk, run_id), channel)
+
+    async def received() -> list[dict[str, Any]]:
+        messages = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
+        return messages
+
+    return async_to_sync(received)
 
 
 def event_types(tenant: Tenant, run_id: str) -> list[str]:

@@ -5,22 +5,25 @@ same way, and lose nothing when it fails."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.approvals import decisions, tasks
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations import combined
-from apps.invocations.events import run_group
 from apps.invocations.models import InvocationRecord, Run, RunEvent
-from tests.approvals.support import TALLY, drain_queue, event_types, events, hold, record_of
+from tests.approvals.support import (
+    TALLY,
+    drain_queue,
+    event_types,
+    events,
+    hold,
+    record_of,
+    subscribed,
+)
 from tests.approvals.test_batches import approved
 
 pytestmark = [
@@ -116,22 +119,12 @@ def test_calls_of_one_run_are_numbered_in_order_without_gaps(caller, operator, t
     drain_queue()
     for approval in held:
         decisions.decide(approval.pk, operator, "approve")
-    layer = get_channel_layer()
-    async_to_sync(layer.flush)()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(run_group(caller.tenant.pk, "run-together"), channel)
-
-    async def received() -> list[dict[str, Any]]:
-        messages = []
-        with contextlib.suppress(TimeoutError):
-            while True:
-                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
-        return messages
+    received = subscribed(caller.tenant, "run-together")
 
     tasks.run_approved_calls([str(a.pk) for a in held])
     seen = events(caller.tenant, "run-together")
     # What subscribers were pushed is what was stored, numbers included, in that order.
-    pushed = [message["event"] for message in async_to_sync(received)()]
+    pushed = [message["event"] for message in received()]
     assert [(e["type"], e["seq"]) for e in pushed] == [
         (e["type"], e["seq"]) for e in seen if e["type"].startswith("tool_call_")
     ]

@@ -8,20 +8,15 @@ nothing when it fails."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from apps.approvals import decisions, tasks, worker
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations import combined, runner
-from apps.invocations.events import run_group
 from apps.invocations.models import InvocationRecord, Run, RunEvent
 from apps.policies.models import Outcome, Policy
 from apps.tools.models import Tool
@@ -36,6 +31,7 @@ from tests.approvals.support import (
     make_operator,
     queue_entries,
     record_of,
+    subscribed,
 )
 from tests.approvals.test_combined_start import outcome
 from tests.approvals.tools import INLINE_RUNS
@@ -155,21 +151,11 @@ def test_inline_calls_start_in_one_statement_and_write_what_the_calls_one_by_one
 
 def test_calls_of_one_run_started_together_are_numbered_in_order_without_gaps(inline, operator):
     held = approved_inline(inline, operator, "r0", "r1", "r2", "r3", run_id="run-together")
-    layer = get_channel_layer()
-    async_to_sync(layer.flush)()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(run_group(inline.tenant.pk, "run-together"), channel)
-
-    async def received() -> list[dict[str, Any]]:
-        messages = []
-        with contextlib.suppress(TimeoutError):
-            while True:
-                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
-        return messages
+    received = subscribed(inline.tenant, "run-together")
 
     tasks.run_approved_calls(ids(held))
     seen = events(inline.tenant, "run-together")
-    pushed = [message["event"] for message in async_to_sync(received)()]
+    pushed = [message["event"] for message in received()]
     calls = [e for e in seen if e["type"] in ("tool_call_start", "tool_call_result")]
     # What subscribers were pushed is what was stored, numbers included, in that order.
     assert [(e["type"], e["seq"]) for e in pushed] == [(e["type"], e["seq"]) for e in calls]
