@@ -63,7 +63,9 @@ def run_approved_calls(
     the approvals' final states at the end (issue 13: per-call statements). Each call is
     still claimed (approved -> executing) in the transaction that records its start,
     after its own re-checks: a cancel that lands before that claim wins, and of two
-    workers holding entries for one call exactly one runs it. A worker killed after its
+    workers holding entries for one call exactly one runs it. Consecutive calls of tools
+    that never wait are re-checked, claimed and started together on PostgreSQL (_together,
+    runner.resume_together), then run one after the other. A worker killed after its
     calls' records closed leaves them `executing`; settle_interrupted makes them final."""
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations import runner, statements
