@@ -178,3 +178,117 @@ async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatc
     status, _, content = await request(OneThreadASGIHandler(), "GET", "/api/v1/tools/", headers)
     assert status == 200, content[:300]
     assert len(reads) == 1
+
+
+class _Gather:
+    """A middleware holding each request until a second one is in the chain too."""
+
+    barrier: threading.Barrier | None = None
+    seen: list[int] = []
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        _Gather.seen.append(threading.get_ident())
+        assert _Gather.barrier is not None
+        _Gather.barrier.wait()  # a request sharing a thread would never get here
+        return self.get_response(request)
+
+
+def _connection_closed() -> bool:
+    from django.db import connections
+
+    return connections["default"].connection is None
+
+
+async def test_a_request_thread_is_kept_for_the_next_request():
+    """The second request runs on the first one's thread; each closes its connection."""
+    from django.conf import settings
+
+    outer = "tests.test_asgi_handler._Threads"
+    _Threads.seen = []
+    with override_settings(MIDDLEWARE=[outer, *settings.MIDDLEWARE]):
+        app = OneThreadASGIHandler()  # the chain is built here
+        for _ in range(3):
+            status, _, content = await request(app, "GET", "/healthz", [])
+            assert status == 200, content[:300]
+            assert len(app.threads) == 1
+            kept = app.threads._idle[0]
+            assert kept.submit(_connection_closed).result(timeout=10)
+    assert len(_Threads.seen) == 6
+    assert len(set(_Threads.seen)) == 1
+
+
+async def test_concurrent_requests_run_on_threads_of_their_own():
+    import asyncio
+
+    from django.conf import settings
+
+    _Gather.barrier, _Gather.seen = threading.Barrier(2, timeout=20), []
+    with override_settings(MIDDLEWARE=["tests.test_asgi_handler._Gather", *settings.MIDDLEWARE]):
+        app = OneThreadASGIHandler()
+        answers = await asyncio.gather(
+            request(app, "GET", "/healthz", []), request(app, "GET", "/healthz", [])
+        )
+        assert [status for status, _, _ in answers] == [200, 200]
+        assert len(set(_Gather.seen)) == 2
+        assert len(app.threads) == 2  # both kept
+        # Kept threads serve the next burst: no third thread.
+        _Gather.barrier, _Gather.seen = threading.Barrier(2, timeout=20), []
+        answers = await asyncio.gather(
+            request(app, "GET", "/healthz", []), request(app, "GET", "/healthz", [])
+        )
+        assert [status for status, _, _ in answers] == [200, 200]
+        assert len(app.threads) == 2
+
+
+def test_a_thread_still_running_work_is_not_handed_on():
+    from toolhub.asgi_handler import RequestThreads
+
+    threads = RequestThreads()
+    thread = threads.take()
+    release = threading.Event()
+    running = thread.submit(release.wait, 20)
+    assert not thread.idle
+    threads.give(thread)
+    assert len(threads) == 0  # not kept: the next request gets another thread
+    assert threads.take() is not thread
+    release.set()
+    assert running.result(timeout=20) is True
+    assert thread.idle
+
+
+def test_idle_threads_kept_are_bounded_and_the_rest_end():
+    from toolhub.asgi_handler import RequestThreads
+
+    threads = RequestThreads(keep=2)
+    taken = [threads.take() for _ in range(3)]
+    assert len({id(t) for t in taken}) == 3
+    for thread in taken:
+        assert thread.submit(threading.get_ident).result(timeout=10)
+        threads.give(thread)
+    assert len(threads) == 2
+    ended = taken[2]
+    with pytest.raises(RuntimeError):  # shut down: takes no more work
+        ended.submit(threading.get_ident)
+    assert threads.take() in taken[:2]
+
+
+def test_a_forked_child_does_not_use_its_parents_threads(monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    from toolhub import asgi_handler
+    from toolhub.asgi_handler import RequestThreads
+
+    threads = RequestThreads()
+    parents = threads.take()
+    threads.give(parents)
+    assert len(threads) == 1
+    child_pid = os.getpid() + 1
+    monkeypatch.setattr(asgi_handler.os, "getpid", lambda: child_pid)
+    fresh = threads.take()
+    assert fresh is not parents
+    assert len(threads) == 0
+    threads.give(fresh)
+    assert len(threads) == 1
