@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from asgiref.sync import SyncToAsync
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.test import override_settings
 
@@ -85,8 +85,6 @@ def caller() -> tuple[list[tuple[bytes, bytes]], str]:
 
 
 async def test_a_call_crosses_to_its_thread_once_for_the_whole_chain():
-    from asgiref.sync import sync_to_async
-
     headers, _ = await sync_to_async(caller)()
     body = json.dumps({"toolId": "core__get_current_time"}).encode()
     headers = [*headers, (b"content-type", b"application/json")]
@@ -137,8 +135,6 @@ async def test_the_chain_and_the_view_run_on_one_thread_off_the_loop():
 
 async def test_refusals_and_errors_answer_as_before():
     """No key: the API's 401 with its JSON body; an unknown path: 404; a bad body: 400."""
-    from asgiref.sync import sync_to_async
-
     app = OneThreadASGIHandler()
     status, headers, content = await request(app, "GET", "/api/v1/tools/", [])
     assert status == 401
@@ -162,8 +158,6 @@ async def test_refusals_and_errors_answer_as_before():
 
 async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatch):
     """EpochMiddleware pins the epoch for the request, on the request's thread."""
-    from asgiref.sync import sync_to_async
-
     from apps.tenants import epoch
 
     headers, _ = await sync_to_async(caller)()
@@ -196,28 +190,38 @@ class _Gather:
         return self.get_response(request)
 
 
-def _connection_closed() -> bool:
+def _open_connection() -> int | None:
+    """The id of this thread's open database connection, None when it has none."""
     from django.db import connections
 
-    return connections["default"].connection is None
+    found = connections["default"].connection
+    return None if found is None else id(found)
 
 
 async def test_a_request_thread_is_kept_for_the_next_request():
-    """The second request runs on the first one's thread; each closes its connection."""
+    """The later requests run on the first one's thread, and on SQLite on its database
+    connection (PostgreSQL's goes back to the pool at the end of each request)."""
     from django.conf import settings
+    from django.db import connection
 
     outer = "tests.test_asgi_handler._Threads"
     _Threads.seen = []
+    headers, _ = await sync_to_async(caller)()
+    held: list[int | None] = []
     with override_settings(MIDDLEWARE=[outer, *settings.MIDDLEWARE]):
         app = OneThreadASGIHandler()  # the chain is built here
         for _ in range(3):
-            status, _, content = await request(app, "GET", "/healthz", [])
+            status, _, content = await request(app, "GET", "/api/v1/tools/", headers)
             assert status == 200, content[:300]
             assert len(app.threads) == 1
-            kept = app.threads._idle[0]
-            assert kept.submit(_connection_closed).result(timeout=10)
+            held.append(app.threads._idle[0].submit(_open_connection).result(timeout=10))
     assert len(_Threads.seen) == 6
     assert len(set(_Threads.seen)) == 1
+    if connection.vendor == "sqlite":
+        assert held[0] is not None
+        assert len(set(held)) == 1
+    else:
+        assert held == [None, None, None]
 
 
 async def test_concurrent_requests_run_on_threads_of_their_own():

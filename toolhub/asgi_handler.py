@@ -39,7 +39,7 @@ import django
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
-KEPT_THREADS = 64  # idle request threads kept per process; a burst's extra ones end
+KEPT_THREADS = 32  # idle request threads kept per process; a burst's extra ones end
 
 
 class RequestThread(ThreadPoolExecutor):
