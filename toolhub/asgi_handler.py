@@ -11,16 +11,17 @@ Here the chain is built synchronously, as under WSGI, and a request crosses to i
 once for all of it. The rest is Django's: the request's body is read, the response sent
 and the request_started / request_finished signals sent on the loop, and everything sync
 a request runs (the signals' receivers, the chain, the response's closing) runs on one
-thread of its own (`ThreadSensitiveContext`), so its database connection is opened and
-closed there as before.
+thread of its own (`ThreadSensitiveContext`), so its database connection is used there
+only.
 
 That thread is kept for a later request (`RequestThreads`). Django's handler gives each
 request a new single-thread executor and, when the request ends, starts another thread to
 shut it down: two threads started and joined per request, about 5 % of a sequential
 call's CPU (issue 13). A request's thread is handed on only once nothing of the request
 runs on it any more; what a request leaves on its thread is what it would leave under a
-WSGI server's thread pool: its database connections are closed (or returned to the
-pool) by `request_finished`, as before, and Django's request state lives in context
+WSGI server's thread pool: on PostgreSQL its connection goes back to the pool at
+`request_finished`, on SQLite the thread keeps its open connection for the next request
+(`CONN_MAX_AGE=None`, toolhub/settings.py), and Django's request state lives in context
 variables, which each hand-over copies afresh.
 
 toolhub has no asynchronous Django view: paths that need the raw ASGI connection are

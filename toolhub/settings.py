@@ -120,15 +120,15 @@ def _database(url: str) -> dict[str, object]:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["ENGINE"] = "toolhub.sqlite3"  # Django's, with one process's writers queued
-        # WAL lets readers run while one writer writes; IMMEDIATE transactions take
-        # the write lock up front so concurrent writers wait (busy timeout) instead
-        # of failing with "database is locked" on a lock upgrade.
         # A thread keeps its connection: a request's thread is kept for later requests
         # (toolhub/asgi_handler.py), and a new SQLite connection reads the schema again
         # before its first statement (about 2 ms of a 4 ms catalog request, issue 13).
         # A thread's connection closes when the thread ends; a broken one, as before,
         # at the end of its request.
         config["CONN_MAX_AGE"] = None
+        # WAL lets readers run while one writer writes; IMMEDIATE transactions take
+        # the write lock up front so concurrent writers wait (busy timeout) instead
+        # of failing with "database is locked" on a lock upgrade.
         config["OPTIONS"] = {
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             "transaction_mode": "IMMEDIATE",
