@@ -1,4 +1,4 @@
-"""A queued call's start as one statement on PostgreSQL (issue 13, goal 6).
+"""A queued call's start, and a call's own writes, as one statement on PostgreSQL (issue 13).
 
 A worker starting an approved call writes, in one transaction: the ends of the calls it
 ran before (their records' closing UPDATEs, runner.Closing), the claim (approved ->
@@ -29,8 +29,15 @@ applies: the calls of tools that never wait, started together (runner.resume_tog
 Each claim is a CTE of its own (`claim0`, `claim1`, ...) answering its position, and
 `claimed` is their union; the answer lists the positions that applied.
 
+`record()` sends a call's own writes the same way, without a claim: its record inserted
+with its events (a call recorded before it runs: the record and tool_call_start; a quick
+call written at its end: the record and both events), or its end (the record's closing
+columns and tool_call_result). Sent one by one that was BEGIN, three statements and
+COMMIT, twice for a call recorded before it runs (runner._written_together).
+
 What each row ends up holding is what the statements one by one write, for the same
-values; `tests/approvals/test_combined_start.py` compares them. Other databases (SQLite)
+values; `tests/approvals/test_combined_start.py` and
+`tests/invocations/test_one_statement.py` compare them. Other databases (SQLite)
 keep the statements one by one: `available()`.
 """
 
@@ -105,22 +112,45 @@ def write(
     return write_many(first._state.db or "default", updates, claims, pending, at_epoch)
 
 
+def record(
+    using: str,
+    inserts: list[Any],
+    updates: list[tuple[Any, tuple[str, ...]]],
+    pending: list[Pending],
+) -> bool:
+    """A call's own writes as one statement, without a claim: its record inserted (a start,
+    or a quick call written once at its end) or its end updated, and its events. False,
+    with nothing sent, when a row needs Django's own statements."""
+    return write_many(using, updates, [], pending, None, inserts, together=True) is not None
+
+
 def write_many(
     using: str,
     updates: list[tuple[Any, tuple[str, ...]]],
     claims: list[Claim],
     pending: list[Pending],
     at_epoch: int | None,
+    inserts: list[Any] | None = None,
+    *,
+    together: bool = False,
 ) -> Started | None:
     """`write` with any number of claims, each with the updates written only if it
     applies (several calls of tools that never wait, started together: runner.
     resume_together). Every claim requires the epoch to be `at_epoch`; the answer says
-    which applied."""
+    which applied. `inserts` are unsaved rows written whatever the claims do (a call's
+    record: `record()`); a key one of them repeats fails the whole statement. `together`:
+    a run's events are pushed in one message, as events.emit_many() pushes a batch."""
     connection = connections[using]
     parts: list[str] = []
     params: list[Any] = []
     current = epoch.value_sql(using)
     applied: list[statements.Guarded] = []
+    for index, row in enumerate(inserts or ()):
+        built = statements.insert_sql([row], using)
+        if built is None:
+            return None
+        parts.append(f"i{index} AS ({built[0]} RETURNING 1)")
+        params += built[1]
 
     def undo() -> None:
         for guarded in applied:
@@ -179,6 +209,7 @@ def write_many(
     except BaseException:  # nothing was written: the rows as they were
         undo()
         raise
+    statements.inserted(list(inserts or ()), using)
     took, seen = set(answer[0][0]), answer[0][1]
     for order, claim in enumerate(claims):
         if order not in took:
@@ -190,10 +221,15 @@ def write_many(
         if not item[0].needs_claim or item[0].claim in took
     ]
     _number([((item.tenant.pk, item.run_id), message) for item, (message, _) in written], last)
-    # One push per event, as events.gathered().
+    # One push per event, as events.gathered(); a call's own events (`record()`) in one,
+    # as events.emit_many().
     batches: list[tuple[Tenant, str, list[Event]]] = []
     messages: list[list[EventMessage]] = []
     for item, (message, _) in written:
+        if together and batches and batches[-1][:2] == (item.tenant, item.run_id):
+            batches[-1][2].append(item.event)
+            messages[-1].append(message)
+            continue
         batches.append((item.tenant, item.run_id, [item.event]))
         messages.append([message])
     events.push_after_commit(batches, messages)

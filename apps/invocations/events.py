@@ -126,6 +126,12 @@ _gathering: ContextVar[list[tuple[Tenant, str, list[Event]]] | None] = ContextVa
 )
 
 
+def gathering() -> bool:
+    """Whether events emitted now are only noted, for the enclosing gathered() block to
+    write: a write of its own now would number its events before the noted ones."""
+    return _gathering.get() is not None
+
+
 @contextmanager
 def gathered() -> Iterator[None]:
     """The events emitted in this block, whatever their runs, are numbered with one upsert

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -993,21 +994,34 @@ def record_start(call: Call) -> InvocationRecord | None:
             statements.update(call.record, STARTING_FIELDS)
             _emit_start(call, now)
         return None
+    call.record = InvocationRecord(
+        **_record_fields(call),
+        idempotency_key=call.request.idempotency_key,
+        status=Status.RUNNING,
+        started_at=now,
+    )
+    _no_approval(call.record)
     try:
-        with transaction.atomic():
-            call.record = InvocationRecord(
-                **_record_fields(call),
-                idempotency_key=call.request.idempotency_key,
-                status=Status.RUNNING,
-                started_at=now,
-            )
-            statements.insert([call.record])  # a claimed key fails it: IntegrityError
-            _no_approval(call.record)
-            _emit_start(call, now)
+        # A claimed key fails it (IntegrityError), the record and its event with it.
+        with _savepoint_if_nested():
+            written = _written_together(call.record, [_start_event(call, now)], insert=True)
+        if not written:
+            with transaction.atomic():
+                statements.insert([call.record])
+                _emit_start(call, now)
     except IntegrityError:
         call.record = None
         return _idempotency_winner(call)
     return None
+
+
+def _savepoint_if_nested() -> AbstractContextManager[Any]:
+    """Inside a caller's transaction a savepoint, so that a failed statement (a claimed
+    key) leaves that transaction usable; outside one nothing: a statement in autocommit
+    is its own transaction, and BEGIN and COMMIT would be two more round trips."""
+    if connections["default"].in_atomic_block:
+        return transaction.atomic()
+    return nullcontext()
 
 
 def _mark_started(call: Call, now: datetime) -> None:
@@ -1364,16 +1378,35 @@ def _close_record(
     if closing is not None and not record._state.adding and start is None:
         closing.add(record)  # written with the worker's next start
         return record
-    with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
-        if record._state.adding:  # built by _unsaved_record: written only now
-            statements.insert([record])
-        else:  # the columns a call's end sets (issue 13: not an UPDATE of every column)
-            statements.update(record, CLOSING_FIELDS)
-        # A record written only now (`start` given) has its start event written with it.
-        starting = [_start_event(start, at or record.started_at)] if start is not None else []
-        events.emit_many(record.tenant, record.run_id, [*starting, _result_event(record)])
+    # A record written only now (`start` given) has its start event written with it.
+    starting = [_start_event(start, at or record.started_at)] if start is not None else []
+    batch = [*starting, _result_event(record)]
+    adding = record._state.adding  # built by _unsaved_record: written only now
+    if not _written_together(record, batch, insert=adding):
+        with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
+            if adding:
+                statements.insert([record])
+            else:  # the columns a call's end sets (issue 13: not an UPDATE of every column)
+                statements.update(record, CLOSING_FIELDS)
+            events.emit_many(record.tenant, record.run_id, batch)
     _log(record)
     return record
+
+
+def _written_together(record: InvocationRecord, batch: list[events.Event], *, insert: bool) -> bool:
+    """On PostgreSQL: the record (inserted, or its end's columns updated) and its events
+    as one statement (apps.invocations.combined), where a transaction of their own was
+    five round trips (issue 13); inside a caller's transaction, as part of it. False,
+    with nothing written, where the statements one by one must do it (SQLite, a row only
+    Django can write, a worker's transaction that gathers its events: they are numbered
+    in the order emitted)."""
+    using = record._state.db or "default"
+    if not combined.available(using) or events.gathering():
+        return False
+    pending = [combined.Pending(record.tenant, record.run_id, event, False) for event in batch]
+    if insert:
+        return combined.record(using, [record], [], pending)
+    return combined.record(using, [], [(record, CLOSING_FIELDS)], pending)
 
 
 def _write_end(record: InvocationRecord) -> None:

@@ -41,12 +41,23 @@ def _plain(fields: list[models.Field[Any, Any]]) -> bool:
 
 def insert(rows: list[Any], using: str = "default") -> None:
     """INSERT these unsaved instances of one model in one statement."""
+    built = insert_sql(rows, using)
+    if built is None:
+        type(rows[0]).objects.using(using).bulk_create(rows)  # Django compiles what this cannot
+        return
+    with statement_cursor(connections[using]) as cursor:
+        cursor.execute(*built)
+    inserted(rows, using)
+
+
+def insert_sql(rows: list[Any], using: str = "default") -> tuple[str, list[Any]] | None:
+    """The statement `insert()` sends and its parameters, or None for rows only Django's
+    own insert can write (see the module docstring). Call `inserted()` once it is sent."""
     model = type(rows[0])
     fields = _columns(model)
     values = [field.pre_save(row, add=True) for row in rows for field in fields]
     if not _plain(fields) or any(hasattr(value, "resolve_expression") for value in values):
-        model.objects.using(using).bulk_create(rows)  # Django compiles what this cannot
-        return
+        return None
     connection = connections[using]
     key = (model, using, len(rows))
     sql = _statements.get(key)
@@ -62,8 +73,11 @@ def insert(rows: list[Any], using: str = "default") -> None:
         field.get_db_prep_save(value, connection=connection)
         for value, field in zip(values, fields * len(rows), strict=True)
     ]
-    with statement_cursor(connection) as cursor:
-        cursor.execute(sql, params)
+    return sql, params
+
+
+def inserted(rows: list[Any], using: str = "default") -> None:
+    """These rows are written: saved instances from now on, as Django's insert leaves them."""
     for row in rows:
         row._state.adding = False
         row._state.db = using

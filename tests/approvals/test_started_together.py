@@ -182,10 +182,10 @@ def test_a_claim_lost_in_the_group_leaves_that_call_alone_and_the_others_run(
     waiting = record_of(second).status
     real = combined.write_many
 
-    def write_many(using, updates, claims, pending, at_epoch):
+    def write_many(using, updates, claims, pending, at_epoch, *more, **options):
         if claims:  # the group's start (the batch's last ends come here too)
             ApprovalRequest.objects.filter(pk=second.pk).update(status=ApprovalStatus.EXECUTING)
-        started = real(using, updates, claims, pending, at_epoch)
+        started = real(using, updates, claims, pending, at_epoch, *more, **options)
         if claims:
             assert started is not None and started.applied == [True, False, True]
         return started
@@ -217,10 +217,10 @@ def test_an_edit_committed_before_the_groups_statement_holds_on_every_call(
     real = combined.write_many
     answers: list[list[bool]] = []
 
-    def write_many(using, updates, claims, pending, at_epoch):
+    def write_many(using, updates, claims, pending, at_epoch, *more, **options):
         if claims and not answers:  # an admin, in another process, right before
             Tool.objects.filter(pk=INLINE).update(enabled=False)
-        started = real(using, updates, claims, pending, at_epoch)
+        started = real(using, updates, claims, pending, at_epoch, *more, **options)
         if claims:
             answers.append(started.applied)
         return started
