@@ -25,6 +25,7 @@ from tests.approvals.support import (
     subscribed,
 )
 from tests.approvals.test_batches import approved
+from tests.support.runs import take_next_number
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -172,17 +173,7 @@ def test_a_failing_statement_loses_nothing(caller, operator, tally):
     for a later worker."""
     first, second = approved(caller, operator, tally, "e0", "e1")
     waiting = record_of(second).status
-    taken = Run.objects.get(tenant=caller.tenant, run_id="run-e1").last_seq + 1
-    RunEvent.objects.create(
-        tenant=caller.tenant,
-        run_id="run-e1",
-        seq=taken,
-        type="squatter",
-        tool_call_id="x",
-        tool_id="x",
-        message={},
-        at=second.created_at,
-    )
+    taken = take_next_number(caller.tenant, "run-e1", second.created_at).seq
     with pytest.raises(IntegrityError):
         tasks.run_approved_calls([str(first.pk), str(second.pk)])
 

@@ -36,6 +36,7 @@ from tests.approvals.support import (
 from tests.approvals.test_combined_start import outcome
 from tests.approvals.tools import INLINE_RUNS
 from tests.conftest import allow
+from tests.support.runs import take_next_number
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -282,17 +283,7 @@ def test_a_failing_group_statement_loses_nothing(inline, operator, tally):
     threaded = hold(inline, TALLY, args=tally.args("e0"), runId="run-e0")[1]
     group = held_inline(inline, "e1", "e2")
     approve(operator, threaded, *group)
-    taken = Run.objects.get(tenant=inline.tenant, run_id="run-e2").last_seq + 1
-    RunEvent.objects.create(
-        tenant=inline.tenant,
-        run_id="run-e2",
-        seq=taken,
-        type="squatter",
-        tool_call_id="x",
-        tool_id="x",
-        message={},
-        at=group[1].created_at,
-    )
+    taken = take_next_number(inline.tenant, "run-e2", group[1].created_at).seq
     with pytest.raises(IntegrityError):
         tasks.run_approved_calls(ids([threaded, *group]))
 

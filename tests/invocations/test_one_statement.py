@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.invocations import combined, runner
 from apps.invocations.models import InvocationRecord, Run, RunEvent
 from tests.conftest import Agent
+from tests.support.runs import take_next_number
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="one statement on PostgreSQL only"
@@ -146,17 +147,9 @@ def test_a_failing_statement_loses_nothing(agent: Agent) -> None:
     number stays, and the next call, once the row is gone, is numbered as if it never
     happened."""
     agent.invoke("core__get_current_time", runId="run-f")
-    taken = Run.objects.get(tenant=agent.tenant, run_id="run-f").last_seq + 1
-    squatter = RunEvent.objects.create(
-        tenant=agent.tenant,
-        run_id="run-f",
-        seq=taken,
-        type="squatter",
-        tool_call_id="x",
-        tool_id="x",
-        message={},
-        at=Run.objects.get(tenant=agent.tenant, run_id="run-f").created_at,
-    )
+    run = Run.objects.get(tenant=agent.tenant, run_id="run-f")
+    squatter = take_next_number(agent.tenant, "run-f", run.created_at)
+    taken = squatter.seq
     records = InvocationRecord.objects.count()
     with pytest.raises(IntegrityError):
         agent.invoke("core__get_current_time", runId="run-f", toolCallId="call-f")
