@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
-import selectors
+import select
 import socket
 import ssl
 import threading
@@ -211,9 +211,11 @@ def _dropped(connection: http.client.HTTPConnection) -> bool:
         return True
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
-    with selectors.DefaultSelector() as selector:  # not select(): descriptors may pass 1024
-        selector.register(sock, selectors.EVENT_READ)
-        return bool(selector.select(timeout=0))
+    # poll(), not select() (descriptors may pass 1024) nor a selector (epoll's would be a
+    # descriptor of its own and three more system calls per reuse: issue 13).
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class ConnectionPool:
