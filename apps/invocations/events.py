@@ -215,10 +215,54 @@ def streamed(run_id: str, event: Event, seq: int) -> tuple[EventMessage, datetim
 def push_after_commit(
     batches: list[tuple[Tenant, str, list[Event]]], written: list[list[EventMessage]]
 ) -> None:
-    """Push each batch's messages once the transaction commits (now, outside one)."""
+    """Push each batch's messages once the transaction commits (now, outside one); those
+    of the run held by `holding()` are held instead."""
+    held = _holding.get()
     for (tenant, run_id, _), messages in zip(batches, written, strict=True):
         if messages:
-            transaction.on_commit(partial(_push_all, tenant.pk, run_id, messages))
+            push = _hold if held == (tenant.pk, run_id) else _push_all
+            transaction.on_commit(partial(push, tenant.pk, run_id, messages))
+
+
+# Committed events whose push waits, per (tenant id, run id): a call recorded before it
+# runs holds its tool_call_start until its tool_call_result goes, in one message with it,
+# or until its tool outlasts QUICK_S (runner.execute). One push and one wake-up of the
+# loop fewer per call (issue 13). Any push of the run in this process takes them along
+# first, so the run's events still leave this process in the order they are numbered.
+_held: dict[tuple[int, str], list[EventMessage]] = {}
+_held_lock = threading.Lock()
+_holding: ContextVar[tuple[int, str] | None] = ContextVar("toolhub_held_pushes", default=None)
+
+
+@contextmanager
+def holding(tenant_id: int, run_id: str) -> Iterator[None]:
+    """The run's events committed inside this block are held, not pushed, until the run's
+    next push in this process or `release()`. For a block outside any transaction (each
+    commit inside it is its own); the caller releases, whatever happens after."""
+    token = _holding.set((tenant_id, run_id))
+    try:
+        yield
+    finally:
+        _holding.reset(token)
+
+
+def _hold(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:
+    with _held_lock:
+        _held.setdefault((tenant_id, run_id), []).extend(messages)
+
+
+def _take_held(tenant_id: int, run_id: str) -> list[EventMessage]:
+    if not _held:  # nothing held in this process: no lock to take
+        return []
+    with _held_lock:
+        return _held.pop((tenant_id, run_id), [])
+
+
+def release(tenant_id: int, run_id: str) -> None:
+    """Push the run's held events now (none held: nothing to do)."""
+    held = _take_held(tenant_id, run_id)
+    if held:
+        _push(tenant_id, run_id, held)
 
 
 # The event loop of the ASGI server in this process, remembered by every HTTP request
@@ -258,17 +302,17 @@ def _layer_down(error: BaseException) -> bool:
 class Outbox:
     """Pushes handed to one loop, sent in the order they were handed, by one task.
 
-    A view or worker thread does not wait for the layer (issue 13: the wait was a round
-    trip to the loop, twice per call): the event is already committed, and the order of
-    sends is the order of commits in this process, which a subscriber's sequence check
-    relies on. Pushes waiting behind each other leave together where the layer can send
-    several at once, and under sustained pushes a push waits COALESCE_S for others to
-    share its round trip. A send that fails or takes over SEND_TIMEOUT_S drops the sends
-    waiting behind it, and a queue past OUTBOX_LIMIT drops new ones: the events are in the
-    database. A subscriber sees the gap at the group's next event, but a run's last
-    events have none after them, so every group whose pushes were lost is remembered
-    and sent CATCH_UP, retried until the layer takes it: its feeds, in every process,
-    then have their subscribers re-read the database.
+    A view or worker thread does not wait for the layer (issue 13: the wait was a round trip
+    to the loop, twice per call): the event is already committed, and the order of sends is
+    the order of commits in this process (a run's held events leave before its next ones:
+    holding()), which a subscriber's sequence check relies on. Pushes waiting behind each
+    other leave together where the layer can send several at once, and under sustained
+    pushes a push waits COALESCE_S for others to share its round trip. A send that fails or
+    takes over SEND_TIMEOUT_S drops the sends waiting behind it, and a queue past
+    OUTBOX_LIMIT drops new ones: the events are in the database. A subscriber sees the gap
+    at the group's next event, but a run's last events have none after them, so every group
+    whose pushes were lost is remembered and sent CATCH_UP, retried until the layer takes
+    it: its feeds, in every process, then have their subscribers re-read the database.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -480,6 +524,13 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
 
 
 def _push_all(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:
+    held = _take_held(tenant_id, run_id)
+    if held:  # numbered before these (committed earlier in this process)
+        messages = sorted([*held, *messages], key=lambda message: message["seq"])
+    _push(tenant_id, run_id, messages)
+
+
+def _push(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return

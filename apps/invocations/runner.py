@@ -131,6 +131,8 @@ class Call:
     scrubber: Scrubber | None = field(default=None, repr=False)
     # A worker's: the end of this call is written with the next call's start (Closing).
     closing: Closing | None = field(default=None, repr=False)
+    # Its tool_call_start is committed but not yet pushed (_run_holding_start).
+    start_held: bool = False
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -351,13 +353,29 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
             return held
         if records_late(call):
             call.started_at = timezone.now()
-        else:
+            return run_started(call)
+        if connections["default"].in_atomic_block:  # its commits come after this call
             winner = record_start(call)
-            if winner is not None:
-                return winner
-        return run_started(call)
+            return winner if winner is not None else run_started(call)
+        return _run_holding_start(call)
     except Refusal as refusal:
         return record_refusal(call, refusal)
+
+
+def _run_holding_start(call: Call) -> InvocationRecord:
+    """Steps 8-13 with the push of tool_call_start held (events.holding) until its result's
+    push, which takes it along in one message, or until the tool outlasts QUICK_S
+    (execute). Released whatever ends the call."""
+    tenant_id = call.caller.tenant.pk
+    try:
+        with events.holding(tenant_id, call.run_id):
+            winner = record_start(call)
+        if winner is not None:
+            return winner
+        call.start_held = True
+        return run_started(call)
+    finally:
+        events.release(tenant_id, call.run_id)
 
 
 QUICK_S = 0.05  # how long a read-only call may run before its start must be recorded
@@ -1070,13 +1088,16 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         future = _tool_threads.submit(
             _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
         )
-        if call.record is None or call.on_linger is not None:
+        if call.record is None or call.on_linger is not None or call.start_held:
             # A quick call (records_late) records its start if it lingers; a worker's call
-            # lets the worker hand its other calls on.
+            # lets the worker hand its other calls on; a held start is pushed.
             quick = min(QUICK_S, max(0.0, call.context.time_left()))
             if not _done_within(future, quick):
                 if call.record is None:
                     record_start(call)
+                if call.start_held:
+                    call.start_held = False
+                    events.release(call.caller.tenant.pk, call.run_id)
                 if call.on_linger is not None:
                     _linger(call.on_linger)
                 _release_connection()
