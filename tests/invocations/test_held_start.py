@@ -7,8 +7,6 @@ caller's transaction nothing is held."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,25 +16,8 @@ from django.db import transaction
 
 from apps.invocations import events, runner
 from apps.invocations.models import InvocationRecord, Status
+from tests.approvals.support import subscribed
 from tests.conftest import Agent, allow
-
-
-def subscribe(agent: Agent, run_id: str) -> Callable[[], list[dict[str, Any]]]:
-    """The run's layer messages, as a function answering those received so far (waiting
-    until none came for 0.3 s)."""
-    layer = get_channel_layer()
-    async_to_sync(layer.flush)()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(events.run_group(agent.tenant.pk, run_id), channel)
-
-    async def receive() -> list[dict[str, Any]]:
-        messages = []
-        with contextlib.suppress(TimeoutError):
-            while True:
-                messages.append(await asyncio.wait_for(layer.receive(channel), 0.3))
-        return messages
-
-    return async_to_sync(receive)
 
 
 def pushed(messages: list[dict[str, Any]]) -> list[list[tuple[str, int]]]:
@@ -52,7 +33,7 @@ def test_a_quick_call_recorded_before_it_runs_pushes_its_start_with_its_result(
     agent: Agent, test_tools: list[str]
 ) -> None:
     allow(agent.tenant, "test__echo")
-    received = subscribe(agent, "run-held")
+    received = subscribed(agent.tenant, "run-held")
     body = agent.invoke(
         "test__echo", runId="run-held", args={"text": "hi"}, idempotencyKey="k-held"
     ).json()
@@ -69,7 +50,7 @@ def test_a_tool_that_outlasts_quick_s_has_its_start_pushed_while_it_runs(
     agent: Agent, test_tools: list[str]
 ) -> None:
     allow(agent.tenant, "test__sleep")
-    received = subscribe(agent, "run-long")
+    received = subscribed(agent.tenant, "run-long")
     answers: list[dict[str, Any]] = []
 
     async def call_and_watch() -> tuple[dict[str, Any], str]:
@@ -106,7 +87,7 @@ def test_a_tool_that_outlasts_quick_s_has_its_start_pushed_while_it_runs(
 
 @pytest.mark.django_db(transaction=True)
 def test_another_push_of_the_run_takes_the_held_events_along_in_order(agent: Agent) -> None:
-    received = subscribe(agent, "run-mixed")
+    received = subscribed(agent.tenant, "run-mixed")
     start = events.Event("tool_call_start", "call-1", "core__x", {"args": {}})
     with events.holding(agent.tenant.pk, "run-mixed"):
         events.emit_many(agent.tenant, "run-mixed", [start])
@@ -122,7 +103,7 @@ def test_another_push_of_the_run_takes_the_held_events_along_in_order(agent: Age
 
 @pytest.mark.django_db(transaction=True)
 def test_release_pushes_what_is_held_once(agent: Agent) -> None:
-    received = subscribe(agent, "run-release")
+    received = subscribed(agent.tenant, "run-release")
     start = events.Event("tool_call_start", "call-1", "core__x", {"args": {}})
     with events.holding(agent.tenant.pk, "run-release"):
         events.emit_many(agent.tenant, "run-release", [start])
@@ -138,7 +119,7 @@ def test_a_call_that_fails_unexpectedly_still_pushes_its_start(
     agent: Agent, test_tools: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     allow(agent.tenant, "test__echo")
-    received = subscribe(agent, "run-broken")
+    received = subscribed(agent.tenant, "run-broken")
 
     def broken(call: runner.Call, output: Any) -> dict[str, Any]:
         raise RuntimeError("a bug after the tool ran")
@@ -154,7 +135,7 @@ def test_a_call_that_fails_unexpectedly_still_pushes_its_start(
 def test_a_claimed_key_holds_nothing(agent: Agent, test_tools: list[str]) -> None:
     allow(agent.tenant, "test__echo")
     first = agent.invoke("test__echo", runId="run-key", args={"text": "x"}, idempotencyKey="k")
-    received = subscribe(agent, "run-key")
+    received = subscribed(agent.tenant, "run-key")
     again = agent.invoke("test__echo", runId="run-key", args={"text": "x"}, idempotencyKey="k")
     assert again.json()["invocationId"] == first.json()["invocationId"]
     assert received() == []
@@ -166,7 +147,7 @@ def test_inside_a_callers_transaction_the_start_is_pushed_at_its_commit(
     agent: Agent, test_tools: list[str]
 ) -> None:
     allow(agent.tenant, "test__echo")
-    received = subscribe(agent, "run-atomic")
+    received = subscribed(agent.tenant, "run-atomic")
     with transaction.atomic():
         agent.invoke("test__echo", runId="run-atomic", args={"text": "x"}, idempotencyKey="k")
         assert not events._held
