@@ -132,11 +132,25 @@ def test_a_call_that_fails_unexpectedly_still_pushes_its_start(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claimed_key_holds_nothing(agent: Agent, test_tools: list[str]) -> None:
+def test_a_key_claimed_meanwhile_holds_nothing(
+    agent: Agent, test_tools: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     allow(agent.tenant, "test__echo")
     first = agent.invoke("test__echo", runId="run-key", args={"text": "x"}, idempotencyKey="k")
     received = subscribed(agent.tenant, "run-key")
+    # The first call's record appears after the replay check: the start's insert fails on
+    # the key, and the runner answers with the first call.
+    monkeypatch.setattr(runner, "find_replay", lambda call: None)
+    winners: list[runner.Call] = []
+    winner = runner._idempotency_winner
+
+    def spied(call: runner.Call) -> InvocationRecord:
+        winners.append(call)
+        return winner(call)
+
+    monkeypatch.setattr(runner, "_idempotency_winner", spied)
     again = agent.invoke("test__echo", runId="run-key", args={"text": "x"}, idempotencyKey="k")
+    assert len(winners) == 1  # the insert lost on the key
     assert again.json()["invocationId"] == first.json()["invocationId"]
     assert received() == []
     assert not events._held
