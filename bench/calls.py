@@ -18,7 +18,8 @@ figure with its goal and whether it is met:
   2 core__http_request on the local upstream: p50 added over direct upstream + bare
   3 20 concurrent clients: no-op and catalog throughput as a share of the bare
     endpoint's; p99/p50 of the no-op under that load; one Daphne process per core
-    (all sharing one listening socket) against one process: no-op throughput ratio
+    (each on its own port, the clients spread evenly over them) against one process:
+    no-op throughput ratio
   4 50 concurrent calls to a tool that waits 1 s: wall time
   5 argument validation (the runner's validate_args) for a 10-field schema, p50
   7 Daphne's RSS after the long run over its RSS after the short one
@@ -43,7 +44,6 @@ import platform
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -211,56 +211,35 @@ def process(
         stop(proc, command[0])
 
 
-def daphne_command(port: int = 0, fd: int = -1) -> list[str]:
-    """Daphne as deployed (docs/deployment.md): on a port, or on an inherited socket."""
-    where = ["--fd", str(fd)] if fd >= 0 else ["-b", "127.0.0.1", "-p", str(port)]
-    return [str(VENV_BIN / "daphne"), *where, "toolhub.asgi:application"]
-
-
-def listening_socket() -> socket.socket:
-    """One listening socket for several server processes: each inherits it and accepts
-    on it (the kernel hands every new connection to one of them)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
+def daphne_command(port: int) -> list[str]:
+    """Daphne as deployed (docs/deployment.md), on a port of its own."""
+    return [
+        str(VENV_BIN / "daphne"),
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "toolhub.asgi:application",
+    ]
 
 
 @contextlib.contextmanager
-def daphne_pool(env: dict[str, str], work: Path, count: int) -> Iterator[tuple[int, list[Any]]]:
-    """`count` Daphne processes sharing one listening socket; yields (port, processes) once
-    every one of them has answered a request (its access log line shows it)."""
-    sock = listening_socket()
-    port = int(sock.getsockname()[1])
-    logs = [work / f"daphne-{count}x-{index}.log" for index in range(count)]
+def daphne_processes(
+    env: dict[str, str], work: Path, count: int
+) -> Iterator[tuple[list[int], list[Any]]]:
+    """`count` Daphne processes, each on a port of its own, as deployed behind a load
+    balancer (docs/deployment.md); yields (ports, processes) once every one answers."""
+    ports = [free_port() for _ in range(count)]
     with contextlib.ExitStack() as stack:
         procs = [
             stack.enter_context(
-                process(daphne_command(fd=sock.fileno()), env, log, pass_fds=(sock.fileno(),))
+                process(daphne_command(port), env, work / f"daphne-{count}x-{index}.log")
             )
-            for log in logs
+            for index, port in enumerate(ports)
         ]
-        sock.close()  # the children hold it now
-        deadline = time.monotonic() + 90
-
-        def all_answered() -> bool:
-            return all(log.exists() and b"/healthz" in log.read_bytes() for log in logs)
-
-        while not all_answered():
-            for proc in procs:
-                if proc.poll() is not None:
-                    raise BenchError(f"daphne exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"{count} Daphne processes did not all answer within 90 s")
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/healthz", headers={"Connection": "close"})
-                conn.getresponse().read()
-                conn.close()
-            time.sleep(0.05)
-        yield port, procs
+        for port, proc in zip(ports, procs, strict=True):
+            wait_for(port, "/healthz", proc, f"daphne on port {port}")
+        yield ports, procs
 
 
 def pg_bin_dir() -> Path:
@@ -384,13 +363,18 @@ def sequential(client: Client, targets: dict[str, Target], n: int) -> dict[str, 
     return times
 
 
-def concurrent(port: int, key: str, target: Target, clients: int, seconds: float) -> dict[str, Any]:
-    """`clients` threads, each with its own keep-alive connection, for `seconds`."""
+def concurrent(
+    port: int | list[int], key: str, target: Target, clients: int, seconds: float
+) -> dict[str, Any]:
+    """`clients` threads, each with its own keep-alive connection, for `seconds`. Given
+    several ports, the clients are spread over them in turn, as evenly as they divide
+    (a load balancer's share of connections)."""
+    ports = port if isinstance(port, list) else [port]
     stop_at = time.monotonic() + seconds
     per_client: list[list[float]] = [[] for _ in range(clients)]
 
     def work(index: int) -> None:
-        client = Client(port, key)
+        client = Client(ports[index % len(ports)], key)
         while time.monotonic() < stop_at:
             per_client[index].append(client.timed(target.method, target.path, target.body))
 
@@ -399,8 +383,13 @@ def concurrent(port: int, key: str, target: Target, clients: int, seconds: float
         list(pool.map(work, range(clients)))
     wall = time.monotonic() - started
     times = [t for ts in per_client for t in ts]
+    per_port = [
+        sum(len(per_client[i]) for i in range(clients) if i % len(ports) == n)
+        for n in range(len(ports))
+    ]
     return {
         "requests": len(times),
+        "requests_per_process": per_port,
         "per_s": round(len(times) / wall, 1),
         "p50_ms": round(pct(times, 50), 2),
         "p99_ms": round(pct(times, 99), 2),
@@ -743,9 +732,11 @@ def per_core(
     options: argparse.Namespace, env: dict[str, str], work: Path, key: str, raw: dict[str, Any]
 ) -> Figure:
     """Goal 3, "with one process per core, throughput grows with the cores": no-op calls
-    from the same clients against 1 Daphne process, then one per core, all accepting on
-    one shared listening socket. Read as met when each added process adds at least half
-    of the first one's throughput (ratio ≥ 1 + (K - 1) / 2). The clients share the cores."""
+    from the same clients against 1 Daphne process, then one per core, each on a port of
+    its own with the clients spread evenly over them, as a load balancer in front of the
+    processes would (docs/deployment.md). Read as met when each added process adds at
+    least half of the first one's throughput (ratio ≥ 1 + (K - 1) / 2). The clients share
+    the cores."""
     cores = options.processes or os.cpu_count() or 1
     name = f"3 {options.clients} clients: no-op throughput, {cores} processes / 1"
     goal = 1 + (cores - 1) / 2
@@ -754,10 +745,10 @@ def per_core(
     rows: dict[str, Any] = {}
     noop = Target("POST", "/api/v1/invocations/", {"toolId": NOOP})
     for count in (1, cores):
-        with daphne_pool(env, work, count) as (port, procs):
-            concurrent(port, key, noop, options.clients, min(1.0, options.seconds))  # warm-up
+        with daphne_processes(env, work, count) as (ports, procs):
+            concurrent(ports, key, noop, options.clients, min(1.0, options.seconds))  # warm-up
             cpu_before = [cpu_seconds(proc.pid) or 0.0 for proc in procs]
-            row = concurrent(port, key, noop, options.clients, options.seconds)
+            row = concurrent(ports, key, noop, options.clients, options.seconds)
             row["cpu_s_per_process"] = [
                 round((cpu_seconds(proc.pid) or 0.0) - before, 2)
                 for proc, before in zip(procs, cpu_before, strict=True)
@@ -771,7 +762,10 @@ def per_core(
         "x",
         round(goal, 2),
         higher_is_better=True,
-        detail=f"{many}/s vs {one}/s; CPU s per process {rows[str(cores)]['cpu_s_per_process']}",
+        detail=(
+            f"{many}/s vs {one}/s; per process: calls {rows[str(cores)]['requests_per_process']},"
+            f" CPU s {rows[str(cores)]['cpu_s_per_process']}"
+        ),
     )
 
 

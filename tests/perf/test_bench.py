@@ -86,6 +86,9 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
     per_core = saved["raw"]["per_core"]
     assert sorted(per_core) == ["1", "2"]
     assert len(per_core["2"]["cpu_s_per_process"]) == 2
+    # The clients are spread evenly: each process served calls.
+    served = per_core["2"]["requests_per_process"]
+    assert len(served) == 2 and min(served) > 0
 
 
 @pytest.mark.skipif(
