@@ -26,8 +26,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 async def request(
-    app: Any, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b""
+    app: Any,
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes = b"",
+    log: list[tuple[str, int]] | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
+    """One request through `app`; `log` gets each message's type as it is sent."""
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
     if body:
         headers = [*headers, (b"content-length", str(len(body)).encode())]
@@ -41,6 +47,8 @@ async def request(
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
+        if log is not None:
+            log.append((message["type"], 0))
 
     scope = {
         "type": "http", "method": method, "path": path, "raw_path": path.encode(),
@@ -99,10 +107,169 @@ async def test_a_call_crosses_to_its_thread_once_for_the_whole_chain():
             ASGIHandler(), "POST", "/api/v1/invocations/", headers, body
         )
     assert status == 200, content[:300]
-    # request_started's receivers, the chain with the view, the response's closing.
-    assert len(ours) == 3
+    # request_started's receivers, the chain with the view and the response's closing,
+    # all in one crossing.
+    assert len(ours) == 1
     # What it replaces: a crossing per middleware hook.
     assert len(django_s) > 10
+
+
+@contextmanager
+def signalled() -> Iterator[list[tuple[str, int]]]:
+    """request_started's and request_finished's receivers, noting the thread they ran on."""
+    from django.core import signals
+
+    seen: list[tuple[str, int]] = []
+
+    def started(**_: Any) -> None:
+        seen.append(("started", threading.get_ident()))
+
+    def finished(**_: Any) -> None:
+        seen.append(("finished", threading.get_ident()))
+
+    signals.request_started.connect(started, weak=False)
+    signals.request_finished.connect(finished, weak=False)
+    try:
+        yield seen
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+
+
+async def test_the_signals_run_on_the_requests_thread_once_each():
+    """request_started and request_finished each fire once per request, on the thread the
+    chain runs on, not on the loop; an answer that is not streamed is closed before its
+    bytes leave, so request_finished has fired when the server gets them."""
+    from django.conf import settings
+
+    outer = "tests.test_asgi_handler._Threads"
+    _Threads.seen = []
+    headers, _ = await sync_to_async(caller)()
+    with override_settings(MIDDLEWARE=[outer, *settings.MIDDLEWARE]), signalled() as seen:
+        app = OneThreadASGIHandler()
+        for path, expected in (("/api/v1/tools/", 200), ("/no/such/path/", 404)):
+            before = len(seen)
+            status, _, _ = await request(app, "GET", path, headers, log=seen)
+            assert status == expected
+            assert [name for name, _ in seen[before:]] == [
+                "started", "finished", "http.response.start", "http.response.body"
+            ]  # fmt: skip
+    threads = {ident for name, ident in seen if not name.startswith("http.")} | set(_Threads.seen)
+    assert len(threads) == 1  # the kept request thread, for both requests
+    assert threading.get_ident() not in threads
+
+
+async def test_a_streamed_answer_is_closed_after_it_is_sent():
+    """A streamed response is sent on the loop, chunk by chunk, and only then closed in a
+    crossing of its own: request_finished comes after its last body message."""
+    sent: list[dict[str, Any]] = []
+    incoming = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await _forever()
+        raise AssertionError("unreachable")
+
+    scope = {
+        "type": "http", "method": "GET", "path": "/streamed/", "raw_path": b"/streamed/",
+        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+        "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    with override_settings(ROOT_URLCONF="tests.test_asgi_handler"), signalled() as seen:
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            seen.append((message["type"], 0))
+
+        await OneThreadASGIHandler()(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert body == b"one,two,three"
+    order = [name for name, _ in seen]
+    assert order[0] == "started"
+    assert order[1] == "http.response.start"
+    assert order[-2:] == ["http.response.body", "finished"]  # closed after its last chunk
+    assert order.count("finished") == 1
+
+
+def _streamed(request: Any) -> Any:
+    from django.http import StreamingHttpResponse
+
+    async def chunks() -> Any:
+        for chunk in (b"one,", b"two,", b"three"):
+            yield chunk
+
+    return StreamingHttpResponse(chunks())
+
+
+async def test_a_client_that_leaves_before_the_answer_ends_the_request():
+    """A disconnect while the view runs: nothing is sent, the view's thread finishes its
+    work, and request_finished still fires (on PostgreSQL the connection goes back)."""
+    import asyncio
+
+    entered, leave = threading.Event(), asyncio.Event()
+    sent: list[dict[str, Any]] = []
+    incoming = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "GET", "path": "/slow/", "raw_path": b"/slow/",
+        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+        "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    _Slow.entered, _Slow.release = entered, threading.Event()
+    with override_settings(ROOT_URLCONF="tests.test_asgi_handler"), signalled() as seen:
+        app = OneThreadASGIHandler()
+        task = asyncio.ensure_future(app(scope, receive, send))
+        assert await asyncio.to_thread(entered.wait, 20)
+        leave.set()  # the client leaves while the view still runs
+        await asyncio.sleep(0.05)
+        _Slow.release.set()
+        await asyncio.wait_for(task, 20)
+        # The view's own closing runs on its thread once it returns.
+        for _ in range(200):
+            if [name for name, _ in seen].count("finished") >= 1:
+                break
+            await asyncio.sleep(0.01)
+    assert sent == []
+    names = [name for name, _ in seen]
+    assert names[0] == "started"
+    assert "finished" in names
+
+
+class _Slow:
+    entered = threading.Event()
+    release = threading.Event()
+
+
+def _slow(request: Any) -> Any:
+    from django.http import HttpResponse
+
+    _Slow.entered.set()
+    _Slow.release.wait(20)
+    return HttpResponse(b"too late")
+
+
+urlpatterns: list[Any] = []
+
+
+def _urls() -> None:
+    from django.urls import path
+
+    urlpatterns.extend([path("streamed/", _streamed), path("slow/", _slow)])
+
+
+_urls()
 
 
 class _Threads:

@@ -1,18 +1,26 @@
-"""Django's ASGI handler, with a request's middleware and view run in one thread (issue 13).
+"""Django's ASGI handler, with a request's synchronous work run in one crossing to one thread
+(issue 13).
 
 Django's own ASGI handler runs the middleware chain asynchronously. toolhub's views and
 middleware are synchronous, so every hook of every middleware (`process_request`,
 `process_view`, `process_response`) became a hand-over from the event loop to the
 request's thread and back: sixteen per API request, and each waited behind every
 other request the loop is serving. Under 50 concurrent calls the median call's tool
-started 220-300 ms after the burst began; with this handler, 135-175 ms.
+started 220-300 ms after the burst began; with the chain in one crossing, 135-175 ms.
 
 Here the chain is built synchronously, as under WSGI, and a request crosses to its thread
-once for all of it. The rest is Django's: the request's body is read, the response sent
-and the request_started / request_finished signals sent on the loop, and everything sync
-a request runs (the signals' receivers, the chain, the response's closing) runs on one
-thread of its own (`ThreadSensitiveContext`), so its database connection is used there
-only.
+once (`_respond`): request_started's receivers, the chain with the view and, for a
+response that is not streamed, its closing (request_finished's receivers) run there in
+one go. Django's handler made three crossings of it; each crossing wakes the thread and
+then the loop, and hands Python's lock between them, which measured 13-15 % of a
+process's calls per second (docs/performance.md). A response that is not streamed is
+complete when the view returns it, so its closing (on PostgreSQL, the connection back to
+the pool) comes before its bytes are handed to the server rather than after; a streamed
+response is sent first and closed after, in a crossing of its own, as Django does. The
+rest is Django's: the body is read and the response sent on the loop, and a client that
+disconnects while the view runs ends the request (the view's thread finishes its work,
+whose answer is dropped). Everything sync a request runs, runs on one thread of its own
+(`ThreadSensitiveContext`), so its database connection is used there only.
 
 That thread is kept for a later request (`RequestThreads`). Django's handler gives each
 request a new single-thread executor and, when the request ends, starts another thread to
@@ -31,14 +39,20 @@ completion on the request's thread.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from typing import Any
 
 import django
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse
+from django.urls import set_script_prefix
 
 KEPT_THREADS = 32  # idle request threads kept per process; a burst's extra ones end
 
@@ -122,8 +136,55 @@ class OneThreadASGIHandler(ASGIHandler):
         finally:
             self.threads.give(thread)
 
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """Django's `handle`, with request_started's receivers, the chain and the closing
+        of a response that is not streamed run in the one crossing to the request's thread
+        (`_respond`). A streamed response is closed after it is sent, as Django does."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        with closing(body_file):
+            set_script_prefix(get_script_prefix(scope))
+            response = None
+            try:
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        group.create_task(self.listen_for_disconnect(receive))
+                        response = await sync_to_async(self._respond, thread_sensitive=True)(
+                            scope, body_file
+                        )
+                        await self.send_response(response, send)
+                        raise _Processed
+                except* (_Processed, RequestAborted):
+                    pass
+            except BaseExceptionGroup as group_error:
+                if len(group_error.exceptions) == 1:
+                    raise group_error.exceptions[0] from None
+                raise
+            if response is None:  # the client left before the answer was ready
+                await signals.request_finished.asend(sender=self.__class__)
+            elif response.streaming:
+                await sync_to_async(response.close, thread_sensitive=True)()
+
+    def _respond(self, scope: Any, body_file: Any) -> Any:
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # its content is complete: request_finished before the send
+        return response
+
     async def get_response_async(self, request: Any) -> Any:
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+class _Processed(Exception):
+    """The response was sent: ends the task group that listens for a disconnect."""
 
 
 def get_asgi_application() -> OneThreadASGIHandler:
