@@ -211,9 +211,12 @@ def process(
         stop(proc, command[0])
 
 
-def daphne_command(port: int) -> list[str]:
-    """Daphne as deployed (docs/deployment.md), on a port of its own."""
+def daphne_command(port: int, cpu: int | None = None) -> list[str]:
+    """Daphne as deployed (docs/deployment.md), on a port of its own; with `cpu`, pinned
+    to that core (`taskset`, as the deployment's "one process per core" suggests)."""
+    pinned = [] if cpu is None else ["taskset", "-c", str(cpu)]
     return [
+        *pinned,
         str(VENV_BIN / "daphne"),
         "-b",
         "127.0.0.1",
@@ -223,17 +226,28 @@ def daphne_command(port: int) -> list[str]:
     ]
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on (a container's cpuset may not start at 0)."""
+    return sorted(os.sched_getaffinity(0))
+
+
 @contextlib.contextmanager
 def daphne_processes(
-    env: dict[str, str], work: Path, count: int
+    env: dict[str, str], work: Path, count: int, pin: bool = False
 ) -> Iterator[tuple[list[int], list[Any]]]:
     """`count` Daphne processes, each on a port of its own, as deployed behind a load
-    balancer (docs/deployment.md); yields (ports, processes) once every one answers."""
+    balancer (docs/deployment.md), the i-th pinned to the i-th usable core when `pin`;
+    yields (ports, processes) once every one answers."""
     ports = [free_port() for _ in range(count)]
+    cores = usable_cores()
     with contextlib.ExitStack() as stack:
         procs = [
             stack.enter_context(
-                process(daphne_command(port), env, work / f"daphne-{count}x-{index}.log")
+                process(
+                    daphne_command(port, cores[index % len(cores)] if pin else None),
+                    env,
+                    work / f"daphne-{count}x-{index}.log",
+                )
             )
             for index, port in enumerate(ports)
         ]
@@ -599,7 +613,9 @@ def one_daphne(
 ) -> None:
     """Goals 1, 2, 3 (one process), 4 and 7 on one Daphne process."""
     port = free_port()
-    with process(daphne_command(port), env, work / "daphne.log") as daphne:
+    with process(
+        daphne_command(port, usable_cores()[0] if options.pin else None), env, work / "daphne.log"
+    ) as daphne:
         wait_for(port, "/healthz", daphne, "daphne")
         client = Client(port, key)
         status, body = client.request("POST", "/api/v1/invocations/", {"toolId": NOOP})
@@ -745,7 +761,7 @@ def per_core(
     rows: dict[str, Any] = {}
     noop = Target("POST", "/api/v1/invocations/", {"toolId": NOOP})
     for count in (1, cores):
-        with daphne_processes(env, work, count) as (ports, procs):
+        with daphne_processes(env, work, count, options.pin) as (ports, procs):
             concurrent(ports, key, noop, options.clients, min(1.0, options.seconds))  # warm-up
             cpu_before = [cpu_seconds(proc.pid) or 0.0 for proc in procs]
             row = concurrent(ports, key, noop, options.clients, options.seconds)
@@ -753,6 +769,12 @@ def per_core(
                 round((cpu_seconds(proc.pid) or 0.0) - before, 2)
                 for proc, before in zip(procs, cpu_before, strict=True)
             ]
+            # What a process serves per second of its own CPU: flat from 1 to K processes
+            # when nothing they share (database, locks) holds them back, whatever the
+            # clients and the database take of the machine's cores.
+            row["cores_per_process"] = [sorted(os.sched_getaffinity(proc.pid)) for proc in procs]
+            spent = sum(row["cpu_s_per_process"])
+            row["calls_per_cpu_s"] = round(row["requests"] / spent, 1) if spent else None
             rows[str(count)] = row
     raw["per_core"] = rows
     one, many = rows["1"]["per_s"], rows[str(cores)]["per_s"]
@@ -764,7 +786,8 @@ def per_core(
         higher_is_better=True,
         detail=(
             f"{many}/s vs {one}/s; per process: calls {rows[str(cores)]['requests_per_process']},"
-            f" CPU s {rows[str(cores)]['cpu_s_per_process']}"
+            f" CPU s {rows[str(cores)]['cpu_s_per_process']}; calls per CPU second"
+            f" {rows[str(cores)]['calls_per_cpu_s']} vs {rows['1']['calls_per_cpu_s']}"
         ),
     )
 
@@ -966,8 +989,9 @@ def report(result: dict[str, Any], options: argparse.Namespace) -> Path:
     mode = (
         "PostgreSQL and Redis" if result["database"] == "postgresql" else "SQLite, in-memory layer"
     )
+    pinned = ", each pinned to a core of its own" if options.pin else ""
     out(
-        f"toolhub call path, {mode}, one Daphne process unless said; "
+        f"toolhub call path, {mode}, one Daphne process unless said{pinned}; "
         f"load {raw.get('load_before')} -> {raw.get('load_after')}"
     )
     for figure in sorted(figures, key=lambda f: f.goal.split()[0]):  # by goal, stable
@@ -1039,6 +1063,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--processes", type=int, default=0, help="Daphne processes of the per-core row (nproc)"
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin each Daphne process to a core of its own (taskset -c; the i-th process to "
+        "the i-th core this process may use)",
     )
     parser.add_argument("--quick", action="store_true", help="reduced counts (a few minutes)")
     parser.add_argument("--rounds", type=int, default=1, help="--servers: round-robin passes")

@@ -69,11 +69,13 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
         "2",
         "--database",
         "postgres" if scale_out else "sqlite",
+        *(["--pin"] if scale_out else []),  # as deployed: one process per core
     ]
     done = run_bench(["bench/calls.py", *tiny, "--output", str(output)], timeout=120)
     lines = done.stdout.splitlines()
     mode = "PostgreSQL and Redis" if scale_out else "SQLite, in-memory layer"
     assert lines[0].startswith(f"toolhub call path, {mode},"), lines[0]
+    assert ("each pinned to a core of its own" in lines[0]) is scale_out
     for goal in GOALS:
         (line,) = [line for line in lines if line.startswith(goal)]
         assert " MET" in line, line  # MET or NOT MET, with a measured value
@@ -89,6 +91,13 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
     # The clients are spread evenly: each process served calls.
     served = per_core["2"]["requests_per_process"]
     assert len(served) == 2 and min(served) > 0
+    assert per_core["2"]["calls_per_cpu_s"] > 0
+    cores = per_core["2"]["cores_per_process"]
+    mine = sorted(os.sched_getaffinity(0))
+    if scale_out:  # pinned: the i-th process on the i-th core this one may use
+        assert cores == [[mine[0]], [mine[1 % len(mine)]]]
+    else:
+        assert cores == [mine, mine]
 
 
 @pytest.mark.skipif(
