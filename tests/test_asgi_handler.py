@@ -159,6 +159,29 @@ async def test_the_signals_run_on_the_requests_thread_once_each():
     assert threading.get_ident() not in threads
 
 
+async def test_a_request_django_cannot_build_gets_its_error_closed_once(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """When Django cannot build the request (a body over its limit, a path it cannot
+    decode), its error answer is sent and closed like any other, in the one crossing."""
+    from django.http import HttpResponse
+
+    app = OneThreadASGIHandler()
+
+    def refuse(scope: Any, body_file: Any) -> tuple[None, HttpResponse]:
+        return None, HttpResponse("413 Payload too large", status=413)
+
+    monkeypatch.setattr(app, "create_request", refuse)
+    with crossings() as crossed, signalled() as seen:
+        status, _, content = await request(app, "POST", "/api/v1/invocations/", [], b"{}", seen)
+    assert status == 413
+    assert content == b"413 Payload too large"
+    assert len(crossed) == 1
+    assert [name for name, _ in seen] == [
+        "started", "finished", "http.response.start", "http.response.body"
+    ]  # fmt: skip
+
+
 async def test_a_streamed_answer_is_closed_after_it_is_sent():
     """A streamed response is sent on the loop, chunk by chunk, and only then closed in a
     crossing of its own: request_finished comes after its last body message."""

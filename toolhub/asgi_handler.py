@@ -172,9 +172,10 @@ class OneThreadASGIHandler(ASGIHandler):
         request, response = self.create_request(scope, body_file)
         if request is not None:
             response = self.get_response(request)
-            response._handler_class = self.__class__
+            response._handler_class = self.__class__  # type: ignore[attr-defined]  # as Django
             if isinstance(response, FileResponse):
                 response.block_size = self.chunk_size
+        assert response is not None  # create_request answers a request or an error
         if not response.streaming:
             response.close()  # its content is complete: request_finished before the send
         return response
