@@ -9,3 +9,4 @@ class TenantsConfig(AppConfig):
         from apps.tenants import epoch, openapi  # noqa: F401 - openapi registers the bearer scheme
 
         epoch.connect()
+        epoch.checkout_sql()

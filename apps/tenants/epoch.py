@@ -64,11 +64,40 @@ def _select_sql(using: str) -> str:
 
 def _read_value(using: str = "default") -> int | None:
     """One SELECT whose text is built once: every request and every queued call reads the
-    epoch, and compiling the ORM's query each time was a measurable part of it (issue 13)."""
-    with statement_cursor(connections[using]) as cursor:
+    epoch, and compiling the ORM's query each time was a measurable part of it (issue 13).
+
+    On PostgreSQL's pool the check of a connection taken from it sends this SELECT
+    (`checkout_sql`): when this read is what takes the connection, the check's answer is
+    this read's, a round trip fewer. A connection already open (a request's earlier
+    statement, a transaction begun, a worker's kept connection) is read afresh."""
+    wrapper = connections[using]
+    if wrapper.connection is None and _checkout_sql_set and using == "default":
+        wrapper.ensure_connection()
+        from toolhub.postgresql.pool import NOTHING, taken_at_checkout
+
+        answer = taken_at_checkout(wrapper.connection)
+        if answer is not NOTHING:
+            return None if answer is None else int(answer)
+    with statement_cursor(wrapper) as cursor:
         cursor.execute(_select_sql(using))
         row = cursor.fetchone()
     return None if row is None else int(row[0])
+
+
+_checkout_sql_set = False  # checkout_sql() handed to the pool (PostgreSQL with its pool)
+
+
+def checkout_sql() -> None:
+    """Called from TenantsConfig.ready(): on PostgreSQL with psycopg's pool, the pool's
+    checkout check sends the epoch's read (toolhub/postgresql/pool.py)."""
+    global _checkout_sql_set
+    wrapper = connections["default"]
+    if wrapper.vendor != "postgresql" or not wrapper.settings_dict["OPTIONS"].get("pool"):
+        return
+    from toolhub.postgresql.pool import read_at_checkout
+
+    read_at_checkout(_select_sql("default"))
+    _checkout_sql_set = True
 
 
 def value_sql(using: str = "default") -> str:

@@ -14,11 +14,16 @@ pool could stay empty for as long again. Here:
   the backend (base.py) fails a request at once while the database is down instead of
   letting it wait the pool timeout;
 - a short `reconnect_timeout` ends a run of backed-off attempts within seconds, so the
-  next request starts a fresh attempt as soon as the database is back.
+  next request starts a fresh attempt as soon as the database is back;
+- the check can carry a read the statement that takes the connection would send anyway
+  (`read_at_checkout`: the authorization epoch, apps/tenants/epoch.py), so that a request
+  makes one round trip fewer (issue 13). Its answer is kept on the connection for that
+  one statement (`taken_at_checkout`); any later one reads afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Self
 
@@ -47,7 +52,12 @@ class _Reachability:
 reachability = _Reachability()
 
 
+NOTHING: Any = object()  # no answer kept from the checkout check
+
+
 class WatchedConnection(psycopg.Connection[Any]):
+    checkout_answer: Any = NOTHING  # what the checkout check's read answered, until taken
+
     @classmethod
     def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
         try:
@@ -72,12 +82,52 @@ class Unreachable(BaseException):
         self.error = error
 
 
+_checkout_read: str | None = None  # see read_at_checkout
+
+
+def read_at_checkout(sql: str | None) -> None:
+    """Have every checkout check send `sql`, a read of one value, instead of an empty
+    query. Its answer is for the statement that takes the connection (taken_at_checkout):
+    the check runs at that statement's start, so the answer is as fresh as its own read."""
+    global _checkout_read
+    _checkout_read = sql
+
+
+def taken_at_checkout(conn: Any) -> Any:
+    """What the checkout check's read answered for `conn` (None: no row), once; NOTHING
+    when it sent none or it was taken already."""
+    answer = getattr(conn, "checkout_answer", NOTHING)
+    if answer is not NOTHING:
+        conn.checkout_answer = NOTHING
+    return answer
+
+
+def _checked(conn: psycopg.Connection[Any]) -> None:
+    sql = _checkout_read
+    if sql is None or not isinstance(conn, WatchedConnection):
+        ConnectionPool.check_connection(conn)
+        return
+    conn.checkout_answer = NOTHING
+    restore = not conn.autocommit
+    conn.autocommit = True  # as psycopg's own check: outside any transaction
+    try:
+        try:
+            row = conn.execute(sql, prepare=True).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return  # not migrated yet: the connection answered, which is all a check needs
+        conn.checkout_answer = None if row is None else row[0]
+    finally:
+        if restore:
+            with contextlib.suppress(Exception):  # a broken connection raises its own error
+                conn.autocommit = False
+
+
 def check(conn: psycopg.Connection[Any]) -> None:
     """The pool's checkout check: a broken connection is discarded, with its idle peers,
     and one direct connection tells a restart (accepted: the pool makes new ones) from
     an outage (refused: `Unreachable`)."""
     try:
-        ConnectionPool.check_connection(conn)
+        _checked(conn)
     except Exception:
         pool = getattr(conn, "_pool", None)  # set by the pool before it checks
         if isinstance(pool, ConnectionPool):
