@@ -50,17 +50,20 @@ async def request(
         if log is not None:
             log.append((message["type"], 0))
 
-    scope = {
+    await app(http_scope(method, path, headers), receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers_out = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers_out, content
+
+
+def http_scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
         "type": "http", "method": method, "path": path, "raw_path": path.encode(),
         "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
         "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }  # fmt: skip
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    headers_out = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    return start["status"], headers_out, content
 
 
 async def _forever() -> None:
@@ -194,12 +197,7 @@ async def test_a_streamed_answer_is_closed_after_it_is_sent():
         await _forever()
         raise AssertionError("unreachable")
 
-    scope = {
-        "type": "http", "method": "GET", "path": "/streamed/", "raw_path": b"/streamed/",
-        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
-        "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
+    scope = http_scope("GET", "/streamed/", [])
     with override_settings(ROOT_URLCONF="tests.test_asgi_handler"), signalled() as seen:
 
         async def send(message: dict[str, Any]) -> None:
@@ -244,12 +242,7 @@ async def test_a_client_that_leaves_before_the_answer_ends_the_request():
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http", "method": "GET", "path": "/slow/", "raw_path": b"/slow/",
-        "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
-        "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }  # fmt: skip
+    scope = http_scope("GET", "/slow/", [])
     _Slow.entered, _Slow.release = entered, threading.Event()
     with override_settings(ROOT_URLCONF="tests.test_asgi_handler"), signalled() as seen:
         app = OneThreadASGIHandler()
