@@ -103,12 +103,21 @@ def test_an_own_edit_is_seen_by_the_next_read_of_the_scope() -> None:
     assert after == stored()
 
 
-def test_a_database_not_migrated_yet_still_passes_the_check(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "failing",
+    [
+        "SELECT value FROM no_such_table WHERE id = 1",  # before `migrate`: no table yet
+        "SELECT no_such_column FROM tenants_authzepoch",  # any error of the statement's own
+        "SELECT 1 / 0",
+    ],
+)
+def test_a_read_the_database_refuses_still_passes_the_check(
+    monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
-    """Before `migrate` there is no epoch table: the check's read fails on the table, the
-    connection still answered, so it is handed out, with no answer kept."""
-    monkeypatch.setattr(pool, "_checkout_read", "SELECT value FROM no_such_table WHERE id = 1")
+    """Before `migrate` there is no epoch table: the check's read fails on the table, but
+    the connection answered, so it is handed out, with no answer kept (as for any error
+    of the statement's own); the read then runs itself."""
+    monkeypatch.setattr(pool, "_checkout_read", failing)
     connection.ensure_connection()
     assert pool.taken_at_checkout(connection.connection) is pool.NOTHING
     with connection.cursor() as cursor:  # usable: not left in a failed transaction

@@ -113,8 +113,13 @@ def _checked(conn: psycopg.Connection[Any]) -> None:
     try:
         try:
             row = conn.execute(sql, prepare=True).fetchone()
-        except psycopg.errors.UndefinedTable:
-            return  # not migrated yet: the connection answered, which is all a check needs
+        except psycopg.DatabaseError as error:
+            if isinstance(error, psycopg.OperationalError) or conn.broken:
+                raise  # the connection or the server failed: what the check is for
+            # The server answered with an error of the statement's own (no table before
+            # `migrate`, no privilege): the connection works, which is all a check needs;
+            # the read that takes it runs itself and meets that error as it would have.
+            return
         conn.checkout_answer = None if row is None else row[0]
     finally:
         if restore:
