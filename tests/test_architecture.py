@@ -29,8 +29,7 @@ OTHER_EXECUTE_RECEIVERS = {
     "apps.approvals.wake": {"raw"},  # a psycopg connection (LISTEN)
     "tests.faults.test_outages": {"db"},  # a sqlite3/psycopg connection reading the records
     "toolhub.postgresql.base": {"super"},  # the prepared cursor's psycopg Cursor.execute
-    "toolhub.postgresql.pool": {"conn"},  # the pool's checkout check (a psycopg connection)
-    "tests.tenants.test_epoch_at_checkout": {"other"},  # a psycopg connection of the test's
+    "tests.tenants.test_epoch_at_checkout": {"other", "conn"},  # psycopg connections
     "toolhub.index_ops": {"schema_editor"},  # a migration's schema editor (DROP INDEX)
     "toolhub.layers": {"pipe"},  # a Redis pipeline (RedisLayer._pipelined)
     "tests.streams.test_redis_layer": {"Pipeline"},  # redis-py's, counted by a test

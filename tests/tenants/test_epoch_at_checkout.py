@@ -132,3 +132,38 @@ def test_a_lost_epoch_row_is_recreated_as_before() -> None:
     connection.close()
     value = epoch.read()
     assert value == stored()
+
+
+def plans_of_the_read(conn: Any) -> tuple[int, int] | None:
+    """(how many prepared statements of `conn`'s session are the epoch's read, how many
+    times they were executed); None when none is."""
+    row = conn.execute(
+        "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
+        " WHERE position('tenants_authzepoch' in statement) > 0"
+    ).fetchone()
+    return None if not row[0] else (int(row[0]), int(row[1]))
+
+
+def test_the_checks_read_is_prepared_once_and_reused() -> None:
+    """The connection's cursors are Django's client-binding ones, which prepare nothing:
+    the check's read was planned anew at every checkout (issue 13). It is prepared on
+    the first and executed by name on every later one."""
+    epoch.read()  # takes a connection: its check read the epoch
+    raw = connection.connection
+    prepared = plans_of_the_read(raw)
+    assert prepared is not None and prepared[0] == 1
+    for _ in range(3):  # later checkouts of the same connection
+        pool.check(raw)
+    assert plans_of_the_read(raw) == (1, prepared[1] + 3)
+
+
+def test_with_prepared_statements_off_the_check_prepares_nothing() -> None:
+    """TOOLHUB_DB_PREPARED_STATEMENTS=0 (a transaction-mode pooler in front) leaves the
+    connection's prepare_threshold None: the check's read is sent unprepared."""
+    params = {**connection.get_connection_params(), "prepare_threshold": None}
+    params.pop("cursor_factory", None)
+    with pool.WatchedConnection.connect(**params) as conn:
+        pool.check(conn)
+        pool.check(conn)
+        assert conn.checkout_answer == stored()
+        assert plans_of_the_read(conn) is None
