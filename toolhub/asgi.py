@@ -11,6 +11,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from toolhub.daphne_frames import install_daphne_frames  # noqa: E402
+from toolhub.draining import Draining, install_daphne_drain  # noqa: E402
 from toolhub.limits import (  # noqa: E402
     ASGIApp,
     BodyLimitMiddleware,
@@ -49,10 +50,14 @@ def remembering_the_loop(app: ASGIApp) -> ASGIApp:
     return remembering
 
 
+# A stopping server finishes its requests and refuses new ones (toolhub/draining.py).
+draining = Draining(remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app))))
+install_daphne_drain(draining)
+
 application = ProtocolTypeRouter(
     {
         # The body limit covers /mcp/ as every other path.
-        "http": remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app))),
+        "http": draining,
         "websocket": AllowedHostsBrowserOriginValidator(
             WebSocketAuthStack(URLRouter(websocket_urlpatterns))
         ),

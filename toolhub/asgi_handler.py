@@ -133,6 +133,12 @@ class OneThreadASGIHandler(ASGIHandler):
             # The caller owns the executor: leaving the context does not shut it down.
             async with ThreadSensitiveContext(executor=thread):
                 await self.handle(scope, receive, send)
+            if not thread.idle:
+                # The client left while the view ran: its thread finishes the request's
+                # work, which may need this loop (a call's events are sent on it), so the
+                # request ends with that work and a stopping server waits for it
+                # (toolhub/draining.py).
+                await asyncio.wrap_future(thread.submit(_nothing))
         finally:
             self.threads.give(thread)
 
@@ -182,6 +188,10 @@ class OneThreadASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request: Any) -> Any:
         return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+
+
+def _nothing() -> None:
+    """Queued behind a request's last work on its thread: done once that work is."""
 
 
 class _Processed(Exception):

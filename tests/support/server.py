@@ -37,8 +37,10 @@ def database_url() -> str:
 
 
 class Server(str):
-    """The base URL (a str, as before) plus the process: .pid, .port and .log (its output)."""
+    """The base URL (a str, as before) plus the process: .process, .pid, .port and .log
+    (its output)."""
 
+    process: subprocess.Popen[bytes]
     pid: int
     port: int
     log: Path
@@ -97,7 +99,7 @@ def daphne(
             stderr=subprocess.STDOUT,
         )
     server = Server(f"http://127.0.0.1:{port}")
-    server.pid, server.port, server.log = process.pid, port, log
+    server.process, server.pid, server.port, server.log = process, process.pid, port, log
     try:
         _wait_until_up(server, process)
         yield server

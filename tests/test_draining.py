@@ -1,0 +1,203 @@
+"""A stopping server finishes the requests it is serving, refuses new ones, then exits
+(toolhub/draining.py). Under load, SIGTERM used to leave Daphne running until it was
+killed: a request's thread, still sending its call's events, waited for an event loop
+that had stopped, and the calls in flight lost their answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.invocations.models import InvocationRecord, RunEvent
+from tests.conftest import allow, make_agent
+from tests.support.server import daphne
+from toolhub.draining import Draining
+
+# ---------------------------------------------------------------- the wrapper alone
+
+
+class App:
+    """An ASGI app whose request takes until `release` is set, then answers."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.finished = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.started.set()
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+        self.finished += 1
+
+
+async def nothing() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def collector() -> tuple[list[dict[str, Any]], Any]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    return sent, send
+
+
+async def test_a_request_cancelled_from_outside_finishes_and_answers_first():
+    app = App()
+    draining = Draining(app)
+    sent, send = collector()
+    task = asyncio.ensure_future(draining({"type": "http"}, nothing, send))
+    await app.started.wait()
+    task.cancel()  # what Daphne does to every request on SIGTERM
+    await asyncio.sleep(0.05)
+    assert not task.done()  # still serving
+    app.release.set()
+    assert await asyncio.wait_for(task, 5) is None  # ended as served, not cancelled
+    assert not task.cancelled()
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert app.finished == 1
+
+
+async def test_a_second_cancellation_leaves_the_request():
+    app = App()
+    draining = Draining(app)
+    _, send = collector()
+    task = asyncio.ensure_future(draining({"type": "http"}, nothing, send))
+    await app.started.wait()
+    task.cancel()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    app.release.set()  # the request itself was not cancelled: it still finishes
+    for _ in range(100):
+        if app.finished:
+            break
+        await asyncio.sleep(0.01)
+    assert app.finished == 1
+
+
+async def test_stopping_waits_for_the_requests_being_served_and_refuses_new_ones():
+    app = App()
+    draining = Draining(app)
+    _, send = collector()
+    serving = [asyncio.ensure_future(draining({"type": "http"}, nothing, send)) for _ in range(3)]
+    await app.started.wait()
+    await asyncio.sleep(0.01)
+    assert draining.serving == 3
+    drained = draining.stop()
+    assert draining.stop() is drained  # Twisted may ask once; asking again is the same
+    refused, refuse_send = collector()
+    await draining({"type": "http"}, nothing, refuse_send)  # answered at once
+    assert app.finished == 0
+    start, body = refused
+    assert start["status"] == 503
+    headers = dict(start["headers"])
+    assert headers[b"retry-after"] == b"1"
+    assert headers[b"connection"] == b"close"
+    assert headers[b"content-type"] == b"application/json"
+    assert int(headers[b"content-length"]) == len(body["body"])
+    assert json.loads(body["body"]) == {
+        "detail": "The server is restarting; retry in 1 seconds.",
+        "retryAfterSeconds": 1,
+    }
+    await asyncio.sleep(0.05)
+    assert not drained.done()
+    app.release.set()
+    await asyncio.wait_for(drained, 5)
+    await asyncio.gather(*serving)
+    assert app.finished == 3 and draining.serving == 0
+
+
+async def test_stopping_an_idle_server_is_done_at_once():
+    draining = Draining(App())
+    assert draining.stop().done()
+
+
+async def test_a_failing_request_is_still_counted_out():
+    async def failing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    draining = Draining(failing)
+    _, send = collector()
+    with pytest.raises(RuntimeError, match="boom"):
+        await draining({"type": "http"}, nothing, send)
+    assert draining.serving == 0
+    assert draining.stop().done()
+
+
+# ---------------------------------------------------------------- Daphne, as deployed
+
+CALLS = 6
+
+
+def call(base: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+    request = urllib.request.Request(
+        f"{base}/api/v1/invocations/",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), json.loads(refused.read())
+
+
+@pytest.mark.server
+def test_sigterm_answers_the_calls_in_flight_refuses_new_ones_and_exits(
+    transactional_db: None, test_tools: list[str], tmp_path: Path
+) -> None:
+    agent = make_agent("draining")
+    allow(agent.tenant, "test__counted_wait")
+    trace = tmp_path / "trace"
+    trace.touch()
+    with daphne() as server, ThreadPoolExecutor(CALLS) as pool:
+        in_flight = [
+            pool.submit(
+                call,
+                server,
+                agent.key,
+                {
+                    "toolId": "test__counted_wait",
+                    "args": {"path": str(trace), "token": f"t{n}", "ms": 1500},
+                },
+            )
+            for n in range(CALLS)
+        ]
+        deadline = time.monotonic() + 20
+        while len(trace.read_text().splitlines()) < CALLS:  # every call is in its tool
+            assert time.monotonic() < deadline, [f.result() for f in in_flight if f.done()]
+            time.sleep(0.02)
+        os.kill(server.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        status, headers, body = call(server, agent.key, {"toolId": "test__counted_wait"})
+        assert status == 503, body
+        assert headers["Retry-After"] == "1"
+        assert body["retryAfterSeconds"] == 1
+        answers = [future.result(timeout=30) for future in in_flight]
+        assert server.process.wait(timeout=20) == 0, server.output()[-3000:]
+    assert [status for status, _, _ in answers] == [200] * CALLS
+    assert sorted(body["result"]["token"] for _, _, body in answers) == [
+        f"t{n}" for n in range(CALLS)
+    ]
+    assert all(body["ok"] for _, _, body in answers)
+    # Recorded, and the result events written, as for any call.
+    records = InvocationRecord.objects.filter(tenant=agent.tenant)
+    assert sorted(records.values_list("status", flat=True)) == ["succeeded"] * CALLS
+    results = RunEvent.objects.filter(tenant=agent.tenant, type="tool_call_result")
+    assert results.count() == CALLS

@@ -1,0 +1,108 @@
+"""A stopping server finishes the requests it is serving, refuses new ones, then exits.
+
+On SIGTERM Daphne cancels every request's task, waits for those tasks, then stops the event
+loop. A cancelled task does not stop its request's thread: the view runs on, and a call's
+events are sent on the loop (apps/invocations/events.py). Once the loop had stopped, such a
+thread waited for it forever, and the process, which joins its threads at exit, never
+exited: under load, SIGTERM left Daphne running until it was killed, and the calls in
+flight lost their answers and their events.
+
+`Draining` wraps the HTTP application. A request cancelled from outside (the server
+stopping, or Daphne giving up on a client gone for `application_close_timeout`) finishes
+first: its thread's work, and its answer if its client is still connected; then it ends
+as served. A second cancellation leaves it. Once the server has begun to stop
+(`install_daphne_drain`: Twisted's "before shutdown", ahead of Daphne's own), a new request
+is answered 503 with Retry-After and `Connection: close` at once, without Django, so that
+the load balancer sends it elsewhere and no new work starts on a loop about to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from toolhub.limits import ASGIApp, Receive, Scope, Send
+
+RETRY_AFTER_S = 1
+
+_REFUSED = json.dumps(
+    {
+        "detail": f"The server is restarting; retry in {RETRY_AFTER_S} seconds.",
+        "retryAfterSeconds": RETRY_AFTER_S,
+    }
+).encode()
+
+
+class Draining:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.stopping = False
+        self.serving = 0
+        self._drained: asyncio.Future[None] | None = None
+
+    def stop(self) -> asyncio.Future[None]:
+        """The server is stopping: refuse what comes next; done once every request being
+        served has ended."""
+        self.stopping = True
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+            if not self.serving:
+                self._drained.set_result(None)
+        return self._drained
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.stopping:
+            await refuse(send)
+            return
+        self.serving += 1
+        try:
+            served = asyncio.ensure_future(self.app(scope, receive, send))
+            try:
+                await asyncio.shield(served)
+            except asyncio.CancelledError:
+                await asyncio.shield(served)  # its thread may still need this loop
+                # Finished: end as a request that was served. Daphne waits for its
+                # cancelled requests with one gather, which ends at the first of them to
+                # end cancelled and lets the loop stop under the others.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+        finally:
+            self.serving -= 1
+            if not self.serving and self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
+
+
+async def refuse(send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(_REFUSED)).encode()),
+                (b"retry-after", str(RETRY_AFTER_S).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": _REFUSED})
+
+
+def install_daphne_drain(draining: Draining) -> None:
+    """Tell `draining` when Daphne's server begins to stop: Twisted runs "before shutdown"
+    triggers in the order they were added, and this one is added when the application is
+    imported, before Daphne adds its own (the one that cancels every request). A no-op
+    where Daphne's reactor is not installed (another server, the test suite's own)."""
+    import sys
+
+    if "daphne.server" not in sys.modules:
+        return
+    from twisted.internet import defer, reactor
+
+    def stopping() -> Any:
+        return defer.Deferred.fromFuture(draining.stop())  # Twisted waits for it
+
+    trigger: Any = reactor
+    trigger.addSystemEventTrigger("before", "shutdown", stopping)
