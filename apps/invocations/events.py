@@ -519,8 +519,12 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
     if loop is not None and loop.is_running():
         outbox(loop).hand(layer, group, envelope)
     else:
-        # No server loop in this process (a management command, the test client).
-        async_to_sync(layer.group_send)(group, envelope)
+        # No server loop in this process (a management command, the test client), or
+        # the server's has stopped under a request still finishing (toolhub/draining.py
+        # keeps Daphne's running until then; another server may not). A loop of its own:
+        # async_to_sync would hand the send to the loop the request came from, and a
+        # stopped one never runs it, leaving the thread waiting for ever.
+        async_to_sync(layer.group_send, force_new_loop=loop is not None)(group, envelope)
 
 
 def _push_all(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:

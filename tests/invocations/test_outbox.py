@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -495,3 +496,42 @@ def test_a_full_batch_and_a_layer_that_sends_one_at_a_time_do_not_wait(
     for seq in range(1, 4):
         plain_outbox.hand(plain, "g", {"type": "run.event", "event": {"seq": seq}})
         assert run_events(plain, server_loop, plain_channel, 1) == [seq]
+
+
+def test_a_push_after_the_server_loop_stopped_does_not_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request thread finishing while the server stops: the loop it came from stopped
+    (not closed). Its push used to be handed to that loop by async_to_sync and waited for
+    ever, and the process, which joins its threads at exit, never exited. It is sent on a
+    loop of its own."""
+    from asgiref.sync import SyncToAsync
+
+    stopped = asyncio.new_event_loop()  # the server's loop, stopped under the request
+    monkeypatch.setattr(events, "_server_loop", stopped)
+    layer = InMemoryChannelLayer()
+    channel = asyncio.run(layer.new_channel())
+    asyncio.run(layer.group_add("g", channel))
+    done: list[BaseException | None] = []
+
+    def request_thread() -> None:
+        # What SyncToAsync sets in the threads it runs a request's work on.
+        SyncToAsync.threadlocal.main_event_loop = stopped
+        SyncToAsync.threadlocal.main_event_loop_pid = os.getpid()
+        try:
+            events._group_send(layer, "g", {"type": "run.event", "event": {"seq": 1}})
+        except BaseException as error:  # reported below
+            done.append(error)
+        else:
+            done.append(None)
+
+    thread = threading.Thread(target=request_thread, daemon=True)
+    thread.start()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "the push waited for the stopped loop"
+        assert done == [None]
+        received = asyncio.run(asyncio.wait_for(layer.receive(channel), 5))
+        assert received == {"type": "run.event", "event": {"seq": 1}}
+    finally:
+        stopped.close()
