@@ -21,9 +21,17 @@ import pytest
 from apps.invocations.models import InvocationRecord, RunEvent
 from tests.conftest import allow, make_agent
 from tests.support.server import daphne
+from toolhub import draining
 from toolhub.draining import Draining
 
 # ---------------------------------------------------------------- the wrapper alone
+
+
+@pytest.fixture(autouse=True)
+def _not_stopping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping is the process's state: each test starts before it, and leaves none."""
+    monkeypatch.setattr(draining, "_stopping", False)
+    monkeypatch.setattr(draining, "_on_stop", set())
 
 
 class App:
@@ -57,9 +65,9 @@ def collector() -> tuple[list[dict[str, Any]], Any]:
 
 async def test_a_request_cancelled_from_outside_finishes_and_answers_first():
     app = App()
-    draining = Draining(app)
+    wrapper = Draining(app)
     sent, send = collector()
-    task = asyncio.ensure_future(draining({"type": "http"}, nothing, send))
+    task = asyncio.ensure_future(wrapper({"type": "http"}, nothing, send))
     await app.started.wait()
     task.cancel()  # what Daphne does to every request on SIGTERM
     await asyncio.sleep(0.05)
@@ -73,9 +81,9 @@ async def test_a_request_cancelled_from_outside_finishes_and_answers_first():
 
 async def test_a_second_cancellation_leaves_the_request():
     app = App()
-    draining = Draining(app)
+    wrapper = Draining(app)
     _, send = collector()
-    task = asyncio.ensure_future(draining({"type": "http"}, nothing, send))
+    task = asyncio.ensure_future(wrapper({"type": "http"}, nothing, send))
     await app.started.wait()
     task.cancel()
     await asyncio.sleep(0.01)
@@ -92,16 +100,16 @@ async def test_a_second_cancellation_leaves_the_request():
 
 async def test_stopping_waits_for_the_requests_being_served_and_refuses_new_ones():
     app = App()
-    draining = Draining(app)
+    wrapper = Draining(app)
     _, send = collector()
-    serving = [asyncio.ensure_future(draining({"type": "http"}, nothing, send)) for _ in range(3)]
+    serving = [asyncio.ensure_future(wrapper({"type": "http"}, nothing, send)) for _ in range(3)]
     await app.started.wait()
     await asyncio.sleep(0.01)
-    assert draining.serving == 3
-    drained = draining.stop()
-    assert draining.stop() is drained  # Twisted may ask once; asking again is the same
+    assert wrapper.serving == 3
+    drained = wrapper.stop()
+    assert wrapper.stop() is drained  # Twisted may ask once; asking again is the same
     refused, refuse_send = collector()
-    await draining({"type": "http"}, nothing, refuse_send)  # answered at once
+    await wrapper({"type": "http"}, nothing, refuse_send)  # answered at once
     assert app.finished == 0
     start, body = refused
     assert start["status"] == 503
@@ -119,24 +127,39 @@ async def test_stopping_waits_for_the_requests_being_served_and_refuses_new_ones
     app.release.set()
     await asyncio.wait_for(drained, 5)
     await asyncio.gather(*serving)
-    assert app.finished == 3 and draining.serving == 0
+    assert app.finished == 3 and wrapper.serving == 0
 
 
 async def test_stopping_an_idle_server_is_done_at_once():
-    draining = Draining(App())
-    assert draining.stop().done()
+    assert Draining(App()).stop().done()
+
+
+async def test_waits_that_would_hold_the_stop_are_told_once():
+    """An MCP event stream or task wait ends when the server stops (apps/mcp/server)."""
+    told: list[str] = []
+    draining.on_stop(lambda: told.append("stream"))
+    forget = draining.on_stop(lambda: told.append("forgotten"))
+    forget()
+    assert not draining.is_stopping()
+    Draining(App()).stop()
+    assert draining.is_stopping()
+    assert told == ["stream"]
+    Draining(App()).stop()  # asked again: nobody is told twice
+    assert told == ["stream"]
+    draining.on_stop(lambda: told.append("late"))  # after the stop: at once
+    assert told == ["stream", "late"]
 
 
 async def test_a_failing_request_is_still_counted_out():
     async def failing(scope: Any, receive: Any, send: Any) -> None:
         raise RuntimeError("boom")
 
-    draining = Draining(failing)
+    wrapper = Draining(failing)
     _, send = collector()
     with pytest.raises(RuntimeError, match="boom"):
-        await draining({"type": "http"}, nothing, send)
-    assert draining.serving == 0
-    assert draining.stop().done()
+        await wrapper({"type": "http"}, nothing, send)
+    assert wrapper.serving == 0
+    assert wrapper.stop().done()
 
 
 # ---------------------------------------------------------------- Daphne, as deployed

@@ -14,17 +14,41 @@ as served. A second cancellation leaves it. Once the server has begun to stop
 (`install_daphne_drain`: Twisted's "before shutdown", ahead of Daphne's own), a new request
 is answered 503 with Retry-After and `Connection: close` at once, without Django, so that
 the load balancer sends it elsewhere and no new work starts on a loop about to stop.
+
+A request that only waits, on the loop, for something to happen (an MCP event stream, an
+MCP `tasks/result` waiting for a held call's decision) would hold the stop for as long as
+its client stays. Such waits end when the server stops (`on_stop`, `is_stopping`): the
+stream is closed, as Daphne closes WebSockets, and its client reconnects elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from toolhub.limits import ASGIApp, Receive, Scope, Send
 
 RETRY_AFTER_S = 1
+
+_stopping = False  # this process's server has begun to stop
+_on_stop: set[Callable[[], None]] = set()
+
+
+def is_stopping() -> bool:
+    return _stopping
+
+
+def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` (on the loop) when the server begins to stop, at once if it has;
+    returns what forgets it. For requests that only wait, which would hold the stop."""
+    if _stopping:
+        callback()
+    else:
+        _on_stop.add(callback)
+    return lambda: _on_stop.discard(callback)
+
 
 _REFUSED = json.dumps(
     {
@@ -44,7 +68,11 @@ class Draining:
     def stop(self) -> asyncio.Future[None]:
         """The server is stopping: refuse what comes next; done once every request being
         served has ended."""
-        self.stopping = True
+        global _stopping
+        self.stopping = _stopping = True
+        for callback in list(_on_stop):
+            _on_stop.discard(callback)
+            callback()
         if self._drained is None:
             self._drained = asyncio.get_running_loop().create_future()
             if not self.serving:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx2
@@ -203,3 +206,50 @@ def test_open_streams_count_against_the_principals_stream_cap(server, agent):
                 break
         time.sleep(0.1)
     assert again.status_code == 200
+
+
+def test_a_stopping_server_ends_its_event_streams_and_task_waits_then_exits(server, test_tools):
+    """An event stream and a `tasks/result` waiting for a held call only wait, on the loop:
+    they would hold a stopping server for as long as their clients stay. SIGTERM ends
+    the stream (the client reconnects elsewhere) and answers the wait with an error that
+    says to ask again (toolhub/draining.py)."""
+    agent = make_agent("demo", "agent:one")
+    allow(agent.tenant, "test__confirm")
+    init = {**INIT, "params": {**INIT["params"], "protocolVersion": "2025-11-25"}}
+    session = post(server, init, agent.key).headers["mcp-session-id"]
+    call = {"name": "test__confirm", "arguments": {}, "task": {"ttl": 60000}}
+    task = rpc(server, agent.key, session, "tools/call", call).json()["result"]["task"]
+    assert task["status"] == "working", task.get("statusMessage")
+    headers = {
+        "Authorization": f"Bearer {agent.key}",
+        "Accept": "text/event-stream",
+        "Mcp-Session-Id": session,
+    }
+    ended: dict[str, float] = {}
+
+    def stream() -> None:
+        # Keepalives come every 15 s: a read timeout of 10 s ends a stream left open.
+        with httpx2.stream("GET", f"{server}/mcp/", headers=headers, timeout=10) as response:
+            assert response.status_code == 200
+            for _ in response.iter_lines():
+                pass
+        ended["stream"] = time.monotonic()
+
+    with ThreadPoolExecutor(2) as pool:
+        streaming = pool.submit(stream)
+        waiting = pool.submit(
+            rpc, server, agent.key, session, "tasks/result", {"taskId": task["taskId"]}
+        )
+        time.sleep(1.5)  # both are waiting
+        assert not streaming.done() and not waiting.done()
+        stopped = time.monotonic()
+        os.kill(server.pid, signal.SIGTERM)
+        answer = waiting.result(timeout=10)
+        streaming.result(timeout=10)
+    assert answer.status_code == 200
+    assert answer.json()["error"] == {
+        "code": -32603,
+        "message": "The server is restarting: ask for this task's result again.",
+    }
+    assert ended["stream"] - stopped < 5
+    assert server.process.wait(timeout=10) == 0, server.output()[-3000:]

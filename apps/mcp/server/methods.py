@@ -29,6 +29,7 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 
 # Revisions negotiated through `initialize`, oldest first; a client asking for another
 # gets the newest (the spec's counter-offer). Later, handshake-free revisions are not

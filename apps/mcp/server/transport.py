@@ -33,6 +33,7 @@ from apps.mcp.server.notifications import groups_for
 from apps.mcp.server.sessions import Session
 from apps.tenants.callers import Caller
 from apps.tenants.models import ApiKey
+from toolhub import draining
 from toolhub.limits import Receive, Scope, Send
 from toolhub.ws_auth import allowed_origin
 
@@ -207,6 +208,9 @@ class EventStream:
         await self._write(b": toolhub mcp stream\n\n")
         watch = key_watch()
         await watch.watch(self.key.pk, self)
+        # The server stopping ends the stream, as it closes WebSockets: the client
+        # reconnects to another process (toolhub/draining.py).
+        forget = draining.on_stop(self.ended.set)
         subscribed: list[str] = []
         try:
             for group in groups:
@@ -217,6 +221,7 @@ class EventStream:
             for group in subscribed:
                 await feeds_for(layer).unsubscribe(group, self)
             await watch.unwatch(self.key.pk, self)
+            forget()
             with contextlib.suppress(Exception):  # the client may be gone already
                 await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -244,6 +249,7 @@ class EventStream:
 
 
 NOTICE = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+RESTARTING = "The server is restarting: ask for this task's result again."
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -255,7 +261,8 @@ async def _await_task(key: ApiKey, params: dict[str, Any], receive: Receive) -> 
     """`tasks/result` blocks until the call ends (e.g. a held call is decided).
 
     It waits here, on the event loop, re-reading the record every poll interval, so a
-    wait of minutes holds no thread; it stops when the client goes away.
+    wait of minutes holds no thread; it stops when the client goes away, and when the
+    server stops (the client asks again, of another process: toolhub/draining.py).
     """
     gone = asyncio.ensure_future(_disconnected(receive))
     try:
@@ -263,6 +270,8 @@ async def _await_task(key: ApiKey, params: dict[str, Any], receive: Receive) -> 
             result = await _task_result(key, params)
             if result is not None or gone.done():
                 return result
+            if draining.is_stopping():
+                raise RpcError(methods.INTERNAL_ERROR, RESTARTING)
             await asyncio.wait({gone}, timeout=methods.TASK_POLL_MS / 1000)
     finally:
         gone.cancel()
