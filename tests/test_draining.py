@@ -10,8 +10,6 @@ import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import pytest
 
 from apps.invocations.models import InvocationRecord, RunEvent
 from tests.conftest import allow, make_agent
-from tests.support.server import daphne
+from tests.support.server import daphne, invoke
 from toolhub import draining
 from toolhub.draining import Draining
 
@@ -63,13 +61,19 @@ def collector() -> tuple[list[dict[str, Any]], Any]:
     return sent, send
 
 
+async def cancelled_while_serving(app: App) -> tuple[list[dict[str, Any]], asyncio.Task[None]]:
+    """A request to `app` through Draining, cancelled as Daphne cancels every request on
+    SIGTERM once the app has started it: what was sent, and the request's task."""
+    sent, send = collector()
+    task = asyncio.ensure_future(Draining(app)({"type": "http"}, nothing, send))
+    await app.started.wait()
+    task.cancel()
+    return sent, task
+
+
 async def test_a_request_cancelled_from_outside_finishes_and_answers_first():
     app = App()
-    wrapper = Draining(app)
-    sent, send = collector()
-    task = asyncio.ensure_future(wrapper({"type": "http"}, nothing, send))
-    await app.started.wait()
-    task.cancel()  # what Daphne does to every request on SIGTERM
+    sent, task = await cancelled_while_serving(app)
     await asyncio.sleep(0.05)
     assert not task.done()  # still serving
     app.release.set()
@@ -81,11 +85,7 @@ async def test_a_request_cancelled_from_outside_finishes_and_answers_first():
 
 async def test_a_second_cancellation_leaves_the_request():
     app = App()
-    wrapper = Draining(app)
-    _, send = collector()
-    task = asyncio.ensure_future(wrapper({"type": "http"}, nothing, send))
-    await app.started.wait()
-    task.cancel()
+    _, task = await cancelled_while_serving(app)
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -167,18 +167,8 @@ async def test_a_failing_request_is_still_counted_out():
 CALLS = 6
 
 
-def call(base: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
-    request = urllib.request.Request(
-        f"{base}/api/v1/invocations/",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, dict(refused.headers), json.loads(refused.read())
+def call(base: str, key: str, body: dict[str, Any]) -> tuple[int, Any, Any]:
+    return invoke(base, key, body, timeout=30)
 
 
 @pytest.mark.server
@@ -208,17 +198,17 @@ def test_sigterm_answers_the_calls_in_flight_refuses_new_ones_and_exits(
             time.sleep(0.02)
         os.kill(server.pid, signal.SIGTERM)
         time.sleep(0.3)
-        status, headers, body = call(server, agent.key, {"toolId": "test__counted_wait"})
+        status, body, headers = call(server, agent.key, {"toolId": "test__counted_wait"})
         assert status == 503, body
         assert headers["Retry-After"] == "1"
         assert body["retryAfterSeconds"] == 1
         answers = [future.result(timeout=30) for future in in_flight]
         assert server.process.wait(timeout=20) == 0, server.output()[-3000:]
     assert [status for status, _, _ in answers] == [200] * CALLS
-    assert sorted(body["result"]["token"] for _, _, body in answers) == [
+    assert sorted(body["result"]["token"] for _, body, _ in answers) == [
         f"t{n}" for n in range(CALLS)
     ]
-    assert all(body["ok"] for _, _, body in answers)
+    assert all(body["ok"] for _, body, _ in answers)
     # Recorded, and the result events written, as for any call.
     records = InvocationRecord.objects.filter(tenant=agent.tenant)
     assert sorted(records.values_list("status", flat=True)) == ["succeeded"] * CALLS

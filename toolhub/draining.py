@@ -28,7 +28,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from toolhub.limits import ASGIApp, Receive, Scope, Send
+from toolhub.limits import ASGIApp, Receive, Scope, Send, send_json
 
 RETRY_AFTER_S = 1
 
@@ -103,19 +103,7 @@ class Draining:
 
 
 async def refuse(send: Send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(_REFUSED)).encode()),
-                (b"retry-after", str(RETRY_AFTER_S).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": _REFUSED})
+    await send_json(send, 503, _REFUSED, ((b"retry-after", str(RETRY_AFTER_S).encode()),))
 
 
 def install_daphne_drain(draining: Draining) -> None:

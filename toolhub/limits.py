@@ -104,14 +104,21 @@ class BodyLimitMiddleware:
 
 
 async def send_refusal(send: Send, limit: int) -> None:
-    body = refusal_body(limit)
+    await send_json(send, 413, refusal_body(limit))
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """A whole JSON answer sent by an ASGI layer in front of Django, closing the connection."""
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
                 (b"connection", b"close"),
             ],
         }

@@ -3,10 +3,7 @@ first attempt's final outcome, waiting for it while it runs (API.md, Idempotent 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from apps.invocations import runner
 from apps.invocations.models import InvocationRecord, RunEvent, Status
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow
-from tests.support.server import daphne
+from tests.support.server import daphne, invoke
 from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,17 +106,8 @@ def test_a_retry_of_a_finished_call_answers_at_once(tester, tmp_path):
 
 
 def _post(base: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{base}/api/v1/invocations/",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    status, answer, _ = invoke(base, key, body)
+    return status, answer
 
 
 def _together(base: str, key: str, body: dict[str, Any], n: int) -> list[tuple[int, Any]]:

@@ -3,10 +3,7 @@ overrun under real concurrent requests (one Daphne, then two sharing the databas
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -20,7 +17,7 @@ from apps.policies.models import Policy
 from tests.approvals.support import drain_queue, logged_in, make_operator, post_decision
 from tests.conftest import Agent, allow, make_agent
 from tests.support.responses import failure, ok_result, record_of
-from tests.support.server import daphne
+from tests.support.server import daphne, invoke
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -205,17 +202,8 @@ def test_an_approved_call_is_not_charged_again_when_it_runs(limited):
 
 def _post(base: str, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
     """Status, JSON body and Retry-After header of one POST /api/v1/invocations/."""
-    request = urllib.request.Request(
-        f"{base}/api/v1/invocations/",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read()), response.headers["Retry-After"]
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read()), exc.headers["Retry-After"]
+    status, answer, headers = invoke(base, key, body)
+    return status, answer, headers["Retry-After"]
 
 
 def _burst(bases: list[str], key: str, calls: int) -> list[tuple[int, dict[str, Any], str | None]]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from email.message import Message
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -120,3 +123,21 @@ def _wait_until_up(base: Server, process: subprocess.Popen[bytes]) -> None:
         except OSError:
             time.sleep(0.2)
     raise RuntimeError("daphne did not come up within 30 s")
+
+
+def invoke(
+    base: str, key: str, body: dict[str, Any], timeout: float = 60
+) -> tuple[int, Any, Message]:
+    """POST /api/v1/invocations/ to a server: its status, JSON body and headers, whether
+    it succeeded or answered an error."""
+    request = urllib.request.Request(
+        f"{base}/api/v1/invocations/",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read()), response.headers
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read()), refused.headers
