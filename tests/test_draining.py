@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from apps.approvals import decisions
 from apps.invocations.models import InvocationRecord, RunEvent
+from apps.policies.models import Outcome, PolicyRule
+from tests.approvals.support import make_operator
 from tests.conftest import allow, make_agent
 from tests.support.server import daphne, invoke
 from toolhub import draining
@@ -150,6 +153,17 @@ async def test_waits_that_would_hold_the_stop_are_told_once():
     assert told == ["stream", "late"]
 
 
+async def test_the_stop_waits_for_what_a_callback_returns():
+    """The embedded worker's current call (apps/approvals/worker.py) holds the stop."""
+    release = asyncio.Event()
+    draining.on_stop(lambda: asyncio.ensure_future(release.wait()))
+    stopped = Draining(App()).stop()
+    await asyncio.sleep(0.05)
+    assert not stopped.done()
+    release.set()
+    await asyncio.wait_for(stopped, 5)
+
+
 async def test_a_failing_request_is_still_counted_out():
     async def failing(scope: Any, receive: Any, send: Any) -> None:
         raise RuntimeError("boom")
@@ -214,3 +228,50 @@ def test_sigterm_answers_the_calls_in_flight_refuses_new_ones_and_exits(
     assert sorted(records.values_list("status", flat=True)) == ["succeeded"] * CALLS
     results = RunEvent.objects.filter(tenant=agent.tenant, type="tool_call_result")
     assert results.count() == CALLS
+
+
+@pytest.mark.server
+def test_sigterm_lets_the_embedded_worker_finish_its_call_and_leaves_the_next_queued(
+    transactional_db: None, test_tools: list[str], tmp_path: Path
+) -> None:
+    """The embedded worker is a daemon thread: the process exiting under it left the
+    approved call it was running to the sweeper (recorded as failed), and it went on to
+    claim the next one while the process was exiting. A stopping server now lets it
+    finish the call it runs, claim nothing more, and waits for it; the next approved
+    call stays queued for the next start."""
+    agent = make_agent("embedded")
+    policy = allow(agent.tenant, "test__counted_wait")
+    PolicyRule.objects.create(
+        policy=policy,
+        tool_pattern="test__counted_wait",
+        condition="true",
+        outcome=Outcome.REQUIRE_APPROVAL,
+    )
+    operator = make_operator("olga", agent.tenant, tools=("test__counted_wait",))
+    trace = tmp_path / "trace"
+    trace.touch()
+    held = {}
+    with daphne({"TOOLHUB_EMBEDDED_WORKER": "1"}) as server:
+        for token in ("first", "next"):
+            args = {"path": str(trace), "token": token, "ms": 2000}
+            status, held[token], _ = call(
+                server, agent.key, {"toolId": "test__counted_wait", "args": args}
+            )
+            assert status == 202, held[token]
+        decisions.decide(held["first"]["approvalId"], operator, "approve")
+        deadline = time.monotonic() + 20
+        while "first" not in trace.read_text():  # the worker is running it
+            assert time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.02)
+        decisions.decide(held["next"]["approvalId"], operator, "approve")  # queued behind
+        os.kill(server.pid, signal.SIGTERM)
+        assert server.process.wait(timeout=20) == 0, server.output()[-3000:]
+    first = InvocationRecord.objects.get(pk=held["first"]["invocationId"])
+    assert first.status == "succeeded", (first.status, first.error_code)
+    assert first.result == {"token": "first", "executions": 1}
+    assert RunEvent.objects.filter(
+        tenant=agent.tenant, tool_call_id=first.tool_call_id, type="tool_call_result"
+    ).exists()
+    after = InvocationRecord.objects.get(pk=held["next"]["invocationId"])
+    assert after.status == "queued"
+    assert trace.read_text().split() == ["first"]  # the next one never started

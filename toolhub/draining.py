@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolhub.limits import ASGIApp, Receive, Scope, Send, send_json
@@ -33,16 +33,18 @@ from toolhub.limits import ASGIApp, Receive, Scope, Send, send_json
 RETRY_AFTER_S = 1
 
 _stopping = False  # this process's server has begun to stop
-_on_stop: set[Callable[[], None]] = set()
+_on_stop: set[Callable[[], Awaitable[None] | None]] = set()
 
 
 def is_stopping() -> bool:
     return _stopping
 
 
-def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
+def on_stop(callback: Callable[[], Awaitable[None] | None]) -> Callable[[], None]:
     """Call `callback` (on the loop) when the server begins to stop, at once if it has;
-    returns what forgets it. For requests that only wait, which would hold the stop."""
+    returns what forgets it. For requests that only wait, which would hold the stop, and
+    for work the process does besides requests: what `callback` returns, if anything, is
+    waited for before the process exits (the embedded worker's current call)."""
     if _stopping:
         callback()
     else:
@@ -70,14 +72,18 @@ class Draining:
         served has ended."""
         global _stopping
         self.stopping = _stopping = True
+        waits = []
         for callback in list(_on_stop):
             _on_stop.discard(callback)
-            callback()
+            if (wait := callback()) is not None:
+                waits.append(wait)
         if self._drained is None:
             self._drained = asyncio.get_running_loop().create_future()
             if not self.serving:
                 self._drained.set_result(None)
-        return self._drained
+        if not waits:
+            return self._drained
+        return asyncio.ensure_future(_all(self._drained, *waits))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.stopping:
@@ -100,6 +106,10 @@ class Draining:
             self.serving -= 1
             if not self.serving and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
+
+
+async def _all(*waits: Awaitable[None]) -> None:
+    await asyncio.gather(*waits)
 
 
 async def refuse(send: Send) -> None:

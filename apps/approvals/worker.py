@@ -335,8 +335,23 @@ def start_push_loop() -> None:
 
 
 def start_embedded() -> None:
-    """One worker thread and one sweeper thread in this process (the embedded demo)."""
+    """One worker thread and one sweeper thread in this process (the embedded demo).
+
+    When the server stops (toolhub/draining.py), the worker finishes the call it is
+    running, as `toolhub_worker` does on SIGTERM, and the process waits for it: the worker
+    thread is a daemon, and the process exiting under it left an approved call to the
+    sweeper, which records it as failed, never run again."""
+    from toolhub import draining
+
     worker = build_worker(f"embedded-{os.getpid()}")
-    threading.Thread(target=worker.run, name="toolhub-worker", daemon=True).start()
+    thread = threading.Thread(target=worker.run, name="toolhub-worker", daemon=True)
+    thread.start()
     Sweeper().start()
+
+    def stop() -> asyncio.Future[None]:
+        worker.running = False  # the current call finishes; the batch's rest goes back
+        wake.work_committed.set()  # an idle worker stops waiting now
+        return asyncio.get_running_loop().run_in_executor(None, thread.join)
+
+    draining.on_stop(stop)
     logger.info("embedded task worker started")

@@ -21,7 +21,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Literal, NotRequired, TypedDict
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
@@ -518,13 +518,15 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
     loop = _server_loop
     if loop is not None and loop.is_running():
         outbox(loop).hand(layer, group, envelope)
-    else:
-        # No server loop in this process (a management command, the test client), or
-        # the server's has stopped under a request still finishing (toolhub/draining.py
-        # keeps Daphne's running until then; another server may not). A loop of its own:
-        # async_to_sync would hand the send to the loop the request came from, and a
-        # stopped one never runs it, leaving the thread waiting for ever.
-        async_to_sync(layer.group_send, force_new_loop=loop is not None)(group, envelope)
+        return
+    # No server loop in this process (a management command, the test client), or the
+    # server's has stopped under a request still finishing (toolhub/draining.py keeps
+    # Daphne's running until then; another server may not). In a thread that
+    # sync_to_async started, async_to_sync hands the send to the loop that started it:
+    # a stopped one never runs it, and the thread waited for ever. Then a loop of its own.
+    came_from = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    stopped = came_from is not None and not came_from.is_running()
+    async_to_sync(layer.group_send, force_new_loop=stopped)(group, envelope)
 
 
 def _push_all(tenant_id: int, run_id: str, messages: list[EventMessage]) -> None:

@@ -135,11 +135,13 @@ def test_a_lost_epoch_row_is_recreated_as_before() -> None:
 
 
 def plans_of_the_read(conn: Any) -> tuple[int, int] | None:
-    """(how many prepared statements of `conn`'s session are the epoch's read, how many
-    times they were executed); None when none is."""
+    """(how many prepared statements of `conn`'s session are the check's read, how many
+    times they were executed); None when none is. (The call's statement reads the epoch
+    too, inside a longer text.)"""
     row = conn.execute(
         "SELECT count(*), sum(generic_plans + custom_plans) FROM pg_prepared_statements"
-        " WHERE position('tenants_authzepoch' in statement) > 0"
+        " WHERE statement = %s",
+        [pool._checkout_read],
     ).fetchone()
     return None if not row[0] else (int(row[0]), int(row[1]))
 
