@@ -235,10 +235,9 @@ def test_sigterm_lets_the_embedded_worker_finish_its_call_and_leaves_the_next_qu
     transactional_db: None, test_tools: list[str], tmp_path: Path
 ) -> None:
     """The embedded worker is a daemon thread: the process exiting under it left the
-    approved call it was running to the sweeper (recorded as failed), and it went on to
-    claim the next one while the process was exiting. A stopping server now lets it
-    finish the call it runs, claim nothing more, and waits for it; the next approved
-    call stays queued for the next start."""
+    approved call it was running `running`, for the sweeper to record as failed. A
+    stopping server now lets it finish the call it runs, claim nothing more, and waits
+    for it; the next approved call stays queued for the next start."""
     agent = make_agent("embedded")
     policy = allow(agent.tenant, "test__counted_wait")
     PolicyRule.objects.create(

@@ -63,15 +63,14 @@ _REFUSED = json.dumps(
 class Draining:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.stopping = False
         self.serving = 0
         self._drained: asyncio.Future[None] | None = None
 
-    def stop(self) -> asyncio.Future[None]:
+    def stop(self) -> asyncio.Future[Any]:
         """The server is stopping: refuse what comes next; done once every request being
-        served has ended."""
+        served, and whatever `on_stop` callbacks returned, has ended."""
         global _stopping
-        self.stopping = _stopping = True
+        _stopping = True
         waits = []
         for callback in list(_on_stop):
             _on_stop.discard(callback)
@@ -81,12 +80,10 @@ class Draining:
             self._drained = asyncio.get_running_loop().create_future()
             if not self.serving:
                 self._drained.set_result(None)
-        if not waits:
-            return self._drained
-        return asyncio.ensure_future(_all(self._drained, *waits))
+        return asyncio.gather(self._drained, *waits) if waits else self._drained
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.stopping:
+        if _stopping:
             await refuse(send)
             return
         self.serving += 1
@@ -106,10 +103,6 @@ class Draining:
             self.serving -= 1
             if not self.serving and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
-
-
-async def _all(*waits: Awaitable[None]) -> None:
-    await asyncio.gather(*waits)
 
 
 async def refuse(send: Send) -> None:
