@@ -21,6 +21,15 @@ class LimitedRequest(WebRequest):
     _received = 0
     _linger: Any = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Twisted parses a POST's form body into `args`, which Daphne never reads (the
+        # application gets the body as it came, and Django parses it). For every POST that
+        # meant parsing its Content-Type with the email package on the event loop, 9 % of
+        # the loop's time per JSON call (issue 13), and a multipart body of up to
+        # TOOLHUB_MAX_REQUEST_BYTES parsed there in full, holding up every other request.
+        self._parsePOSTFormSubmission = False
+
     def gotLength(self, length: int | None) -> None:
         self._limit = max_request_bytes()
         if length is not None and length > self._limit:
