@@ -11,7 +11,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -168,6 +170,18 @@ def test_a_form_body_reaches_django_as_it_was_sent(server):
         status, detail = status_and_body(answer)
         assert status == 401, answer  # reached the API, which wants a key
         assert "credentials" in detail["detail"].lower()
+
+
+@pytest.mark.parametrize(("verbosity", "written"), [(0, ""), (1, ""), (2, "a line\n")])
+def test_twisteds_access_line_is_made_only_where_its_log_goes_somewhere(verbosity, written):
+    """Below verbosity 2 Daphne sends Twisted's log nowhere and writes its own access log."""
+    from toolhub.daphne_limits import LimitedHTTPFactory
+
+    factory = LimitedHTTPFactory(SimpleNamespace(verbosity=verbosity))
+    factory._logFile = StringIO()
+    factory._logFormatter = lambda when, request: "a line"
+    factory.log(object())
+    assert factory._logFile.getvalue() == written
 
 
 # ---------------------------------------------------------------- the ASGI middleware alone
