@@ -875,6 +875,31 @@ def memory(port: int, key: str, pid: int, counts: tuple[int, int], raw: dict[str
     )
 
 
+_CPU_KINDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu() -> dict[str, int]:
+    """The machine's CPU time so far, by kind (/proc/stat's first line, in clock ticks)."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()
+    return dict(zip(_CPU_KINDS, map(int, fields[1 : 1 + len(_CPU_KINDS)]), strict=True))
+
+
+def cores_by_kind(before: dict[str, int], after: dict[str, int], cores: int) -> dict[str, float]:
+    """How many of the machine's `cores` were busy, idle or waiting on I/O between two
+    machine_cpu() readings, on average."""
+    spent = {kind: after[kind] - before[kind] for kind in _CPU_KINDS}
+    total = sum(spent.values())
+    if total <= 0:
+        return {"busy": 0.0, "idle": 0.0, "iowait": 0.0}
+    idle, iowait = spent["idle"], spent["iowait"]
+    return {
+        "busy": round(cores * (total - idle - iowait) / total, 2),
+        "idle": round(cores * idle / total, 2),
+        "iowait": round(cores * iowait / total, 2),
+    }
+
+
 def per_core(
     options: argparse.Namespace, env: dict[str, str], work: Path, key: str, raw: dict[str, Any]
 ) -> Figure:
@@ -895,7 +920,11 @@ def per_core(
         with daphne_processes(env, work, count, options.pin) as (ports, procs):
             concurrent(ports, key, noop, options.clients, min(1.0, options.seconds))  # warm-up
             cpu_before = [cpu_seconds(proc.pid) or 0.0 for proc in procs]
+            machine_before = machine_cpu()
             row = concurrent(ports, key, noop, options.clients, options.seconds)
+            # Where the machine's cores went meanwhile: cores left idle while the clients
+            # wait mean the processes were held back by something other than CPU.
+            row["machine_cores"] = cores_by_kind(machine_before, machine_cpu(), os.cpu_count() or 1)
             row["cpu_s_per_process"] = [
                 round((cpu_seconds(proc.pid) or 0.0) - before, 2)
                 for proc, before in zip(procs, cpu_before, strict=True)
@@ -918,7 +947,9 @@ def per_core(
         detail=(
             f"{many}/s vs {one}/s; per process: calls {rows[str(cores)]['requests_per_process']},"
             f" CPU s {rows[str(cores)]['cpu_s_per_process']}; calls per CPU second"
-            f" {rows[str(cores)]['calls_per_cpu_s']} vs {rows['1']['calls_per_cpu_s']}"
+            f" {rows[str(cores)]['calls_per_cpu_s']} vs {rows['1']['calls_per_cpu_s']};"
+            f" machine idle {rows[str(cores)]['machine_cores']['idle']}"
+            f" vs {rows['1']['machine_cores']['idle']} of {os.cpu_count()} cores"
         ),
     )
 

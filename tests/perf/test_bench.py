@@ -92,6 +92,10 @@ def test_it_runs_the_call_bench_on_a_tiny_load_and_prints_every_goal(tmp_path: P
     served = per_core["2"]["requests_per_process"]
     assert len(served) == 2 and min(served) > 0
     assert per_core["2"]["calls_per_cpu_s"] > 0
+    # Where the cores went: busy, idle and waiting on I/O add up to the machine's cores.
+    split = per_core["2"]["machine_cores"]
+    assert sorted(split) == ["busy", "idle", "iowait"]
+    assert sum(split.values()) == pytest.approx(os.cpu_count(), abs=0.05)
     cores = per_core["2"]["cores_per_process"]
     mine = sorted(os.sched_getaffinity(0))
     if scale_out:  # pinned: the i-th process on the i-th core this one may use
