@@ -168,9 +168,10 @@ class OneThreadASGIHandler(ASGIHandler):
                 if len(group_error.exceptions) == 1:
                     raise group_error.exceptions[0] from None
                 raise
-            if response is None:  # the client left before the answer was ready
-                await signals.request_finished.asend(sender=self.__class__)
-            elif response.streaming:
+            # A client that left before the answer was ready needs no request_finished here
+            # (Django sends one): `_respond` either ends on the request's thread, closing
+            # its response, or never began.
+            if response is not None and response.streaming:
                 await sync_to_async(response.close, thread_sensitive=True)()
 
     def _respond(self, scope: Any, body_file: Any) -> Any:
