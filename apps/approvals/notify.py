@@ -113,8 +113,9 @@ def _webhook(approval: ApprovalRequest) -> int:
     if secret:
         headers["X-Toolhub-Signature"] = signature(secret, timestamp, body)
     host = urlsplit(tenant.approval_webhook_url).hostname or ""
-    # The admin chose this URL, so private networks are fine; metadata addresses are not.
-    policy = NetworkPolicy(allowed_hosts=[host], allow_private=True)
+    # Private networks only where a superuser allowed them (a tenant admin sets the URL);
+    # link-local and metadata addresses never.
+    policy = NetworkPolicy(allowed_hosts=[host], allow_private=tenant.webhook_private_network)
     try:
         response = fetch(
             policy,

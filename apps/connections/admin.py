@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -10,6 +9,8 @@ from django.utils import timezone
 
 from apps.connections.models import SECRET_FIELDS, Connection, Grant, validate_host_pattern
 from apps.tenants.admin import TenantScopedAdmin, TenantScopedGuardedAdmin
+from apps.tenants.scoping import is_superuser
+from toolhub import json_input
 
 SECRET_INPUTS = sorted({name for names in SECRET_FIELDS.values() for name in names})
 
@@ -26,9 +27,10 @@ class HostListField(forms.Field):
         text = value.strip() if isinstance(value, str) else ""
         if text.startswith("["):  # a JSON list, as the field took before
             try:
-                parsed = json.loads(text)
-            except ValueError:
-                raise forms.ValidationError("Not a JSON list: write one host per line.") from None
+                parsed = json_input.loads(text)
+            except json_input.JsonInputError as exc:
+                reason = str(exc) if exc.limit else "Not a JSON list."
+                raise forms.ValidationError(f"{reason} Write one host per line.") from None
             return parsed if isinstance(parsed, list) else [parsed]
         return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
 
@@ -43,7 +45,15 @@ class ConnectionForm(forms.ModelForm[Connection]):
 
     Only the chosen kind's credential fields count (connection_form.js shows only them);
     a change of kind needs the new kind's credentials.
+
+    Egress to private networks is the host operator's: `allow_private_network` is a
+    superuser's field (read-only to tenant staff, ConnectionAdmin), and tenant staff may
+    not change the hosts of a connection a superuser let into the private network, or
+    they could point that permission anywhere.
     """
+
+    # Set by ConnectionAdmin.get_form: whether the user editing may change egress.
+    may_allow_private = False
 
     allowed_hosts = HostListField(
         help_text="One host per line, e.g. api.example.com or *.example.org "
@@ -73,6 +83,16 @@ class ConnectionForm(forms.ModelForm[Connection]):
     class Media:
         js = ("toolhub/connection_form.js",)
 
+    def clean_allowed_hosts(self) -> list[str]:
+        hosts: list[str] = self.cleaned_data["allowed_hosts"]
+        opened = self.instance.pk is not None and self.instance.allow_private_network
+        if opened and not self.may_allow_private and hosts != self.initial.get("allowed_hosts"):
+            raise forms.ValidationError(
+                "This connection may reach private and loopback addresses, which a "
+                "superuser allowed for its current hosts: only a superuser may change them."
+            )
+        return hosts
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         kind = data.get("kind")
@@ -96,6 +116,14 @@ class ConnectionAdmin(TenantScopedGuardedAdmin):
     list_filter = ("tenant", "kind")
     search_fields = ("name",)
     readonly_fields = ("id", "secret_status", "created_at", "updated_at")
+    superuser_only_fields = ("allow_private_network",)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        form.may_allow_private = is_superuser(request.user)  # type: ignore[attr-defined]
+        return form
 
     @admin.display(description="secret")
     def secret_status(self, obj: Connection) -> str:

@@ -63,7 +63,9 @@ class Connection(models.Model):
     )
     allow_private_network = models.BooleanField(
         default=False,
-        help_text="Allow private and loopback addresses (never link-local or cloud metadata).",
+        help_text="Allow private and loopback addresses (never link-local or cloud metadata). "
+        "Only a superuser may set it: egress into the host's networks is the host "
+        "operator's decision, not a tenant's.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -66,6 +66,9 @@ POOL_IDLE_S = 15.0  # an idle socket older than this is closed, not reused
 TLS_CONTEXT = ssl.create_default_context()
 
 
+PRIVATE = "a private or loopback address"  # the one problem a superuser may waive
+
+
 class Blocked(Exception):
     """The request would reach a host or address the connection does not allow."""
 
@@ -131,7 +134,7 @@ def address_problem(ip: IPAddress, allow_private: bool) -> str | None:
         return "a reserved address"
     private = ip.is_loopback or ip.is_private or ip in SHARED_ADDRESS_SPACE or ip in SITE_LOCAL
     if private and not allow_private:
-        return "a private or loopback address"
+        return PRIVATE
     return None
 
 

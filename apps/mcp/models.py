@@ -9,16 +9,19 @@ before every start, so a row written before the allowlist shrank cannot run.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import shlex
 from pathlib import PurePath
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from apps.connections.netguard import PRIVATE, address_problem
 from apps.tools.models import ConsequenceLevel, Effect, Tool
 
 SERVER_NAME_RE = r"^[a-z0-9]{1,16}$"  # no "_": `mcp__<name>__<tool>` must split unambiguously
@@ -54,6 +57,28 @@ def allowed_argv(command: str) -> list[str]:
     return argv
 
 
+def literal_address_problem(url: str, allow_private: bool) -> str:
+    """Why a URL whose host is an IP address may not be registered ("" if it may).
+
+    Host names are judged on every connection instead, by what they resolve to then
+    (apps/mcp/egress.py); an address is refused here already, where the fix is known.
+    """
+    host = (urlsplit(url).hostname or "").strip("[]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return ""
+    problem = address_problem(address, allow_private)
+    if not problem:
+        return ""
+    if problem == PRIVATE:
+        return (
+            f"{host} is {problem}: only a superuser can let toolhub reach it "
+            "(allow private network, or mcp_add --allow-private-network)."
+        )
+    return f"{host} is {problem}, which toolhub never reaches."
+
+
 class McpServer(models.Model):
     name = models.CharField(
         max_length=16,
@@ -68,6 +93,11 @@ class McpServer(models.Model):
         blank=True,
         help_text="Command line (transport stdio); the program must be on "
         "TOOLHUB_MCP_STDIO_COMMANDS.",
+    )
+    allow_private_network = models.BooleanField(
+        default=False,
+        help_text="Let toolhub reach this HTTP server on a private or loopback address "
+        "(never link-local or cloud metadata). Checked on every connection, after DNS.",
     )
     enabled = models.BooleanField(default=True, help_text="Disabled: no session, no calls.")
     timeout_ms = models.PositiveIntegerField(
@@ -88,6 +118,9 @@ class McpServer(models.Model):
         if self.transport == Transport.HTTP:
             if not self.url or self.command:
                 raise ValidationError("An HTTP server has a URL and no command.")
+            problem = literal_address_problem(self.url, self.allow_private_network)
+            if problem:
+                raise ValidationError({"url": problem})
         elif self.transport == Transport.STDIO:
             if not self.command or self.url:
                 raise ValidationError("A stdio server has a command and no URL.")

@@ -42,6 +42,8 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
+from apps.mcp.egress import AddressRefused, guarded_transport
+
 logger = logging.getLogger(__name__)
 CREDENTIALS = "it needs credentials (a tenant's connection on the server's page; mcp_sync --tenant)"
 
@@ -107,12 +109,15 @@ class _CappedTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _http_client(headers: dict[str, str]) -> httpx2.AsyncClient:
-    """The SDK's client settings (create_mcp_http_client), with bodies capped."""
+def _http_client(headers: dict[str, str], allow_private: bool) -> httpx2.AsyncClient:
+    """The SDK's client settings (create_mcp_http_client), with bodies capped and every
+    connection through the address guard (egress.py); no redirects, no proxies."""
     return httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-        transport=_CappedTransport(httpx2.AsyncHTTPTransport()),
+        transport=_CappedTransport(guarded_transport(allow_private)),
+        follow_redirects=False,
+        trust_env=False,
     )
 
 
@@ -132,10 +137,12 @@ class Endpoint:
     # Whose credential the headers are (a tenant's slug, or ""): a list_changed notice
     # re-syncs with the same credential. Not part of the key: the headers are.
     tenant: str = ""
+    # A superuser let this server reach private and loopback addresses (egress.py).
+    allow_private: bool = False
 
     @property
     def key(self) -> str:
-        raw = json.dumps([self.server, self.argv, self.url, self.headers])
+        raw = json.dumps([self.server, self.argv, self.url, self.headers, self.allow_private])
         return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -178,7 +185,7 @@ class _Session:
         if endpoint.argv:
             params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
             return stdio_client(params, errlog=_DEVNULL)
-        client = _http_client(dict(endpoint.headers))
+        client = _http_client(dict(endpoint.headers), endpoint.allow_private)
         client.event_hooks["response"].append(self._note_refusal)
         return _http(endpoint.url, client)
 
@@ -223,6 +230,8 @@ def _describe(exc: BaseException) -> str:
     """A short, value-free reason: the exception type, and its text for our own errors."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if isinstance(exc, AddressRefused):
+        return f"the server cannot be reached: {exc}"
     if isinstance(exc, FileNotFoundError):
         return "the server's program was not found"
     if isinstance(exc, OSError | ConnectionError):

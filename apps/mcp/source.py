@@ -10,6 +10,7 @@ pooled session, under the runner's deadline.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +49,7 @@ from apps.tools.contracts import (
 )
 from apps.tools.registry import RegisteredTool, check_contract
 
+logger = logging.getLogger(__name__)
 RESULT_FIELDS = ("content", "structuredContent", "isError")
 MAX_DESCRIPTION = 200
 
@@ -139,7 +141,12 @@ def endpoint_for(
         try:
             argv = allowed_argv(server.command)
         except CommandNotAllowed as exc:
-            raise ToolUnavailable(f"The MCP server {server.name} may not run: {exc}.") from None
+            # The reason names the deployment's allowlist: for the log, never the agent.
+            logger.warning("MCP server %s may not run: %s", server.name, exc)
+            raise ToolUnavailable(
+                f"The MCP server {server.name} is not allowed to run on this deployment; "
+                "an administrator must allow its program."
+            ) from None
         return Endpoint(server=server.name, argv=tuple(argv))
     headers: dict[str, str] = {}
     credential = (
@@ -154,9 +161,11 @@ def endpoint_for(
         # A credential goes only where its connection may send it, as for http_request.
         host = urlsplit(server.url).hostname or ""
         if not host_allowed(host.lower(), list(connection.allowed_hosts or [])):
+            # The server's host is the deployment's configuration: not in the message.
             raise ToolUnavailable(
-                f"The connection {connection.name!r} may not send its credentials to "
-                f"{host!r} (not in its allowed hosts)."
+                f"The connection {connection.name!r} may not send its credentials to the "
+                f"MCP server {server.name} (its host is not in the connection's allowed "
+                "hosts); a tenant admin must add it."
             )
         # Decrypted once per secret version, as for http_request (broker.unseal): a
         # rotated or re-encrypted secret is a new ciphertext, so the next call reads it.
@@ -169,6 +178,7 @@ def endpoint_for(
         url=server.url,
         headers=tuple(sorted(headers.items())),
         tenant=tenant.slug if credential is not None and tenant is not None else "",
+        allow_private=server.allow_private_network,
     )
 
 

@@ -23,7 +23,7 @@ from django.contrib.admin.utils import NotRelationField, get_fields_from_path, u
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
-from django.db.models import Model, QuerySet
+from django.db.models import JSONField, Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.template.response import TemplateResponse
@@ -42,6 +42,7 @@ from guardian.shortcuts import get_groups_with_perms, get_users_with_perms
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import people
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
+from toolhub.json_input import JSONFormField
 
 
 def scoped_choices(site: admin.AdminSite, request: HttpRequest, model: type[Model]) -> Any:
@@ -60,7 +61,12 @@ class ScopedChoicesMixin(BaseModelAdmin[Any]):
 
     The form field's queryset is also what validates a POST, so a forged id of
     another tenant's row is refused as "not one of the available choices".
+
+    Every admin derives from it, so it also gives every model JSONField the form field
+    that reads with toolhub.json_input: JSON nested too deeply is a form error, not a 500.
     """
+
+    formfield_overrides = {JSONField: {"form_class": JSONFormField}}
 
     def get_field_queryset(self, db: Any, db_field: Any, request: HttpRequest) -> Any:
         queryset = super().get_field_queryset(db, db_field, request)
@@ -275,6 +281,13 @@ class SuperuserOnlyChanges(TenantScopedAdmin):
 
 
 class TenantForm(forms.ModelForm[Tenant]):
+    """A tenant's staff may point its webhook anywhere public; a superuser decides whether
+    it may reach the host's private networks, for the URL it had then (a tenant admin who
+    changes that URL needs a superuser again)."""
+
+    # Set by TenantAdmin.get_form: whether the user editing may change egress.
+    may_allow_private = False
+
     webhook_secret = forms.CharField(
         required=False,
         widget=forms.PasswordInput,
@@ -283,7 +296,17 @@ class TenantForm(forms.ModelForm[Tenant]):
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "members", "approval_webhook_url"]
+        fields = ["slug", "name", "members", "approval_webhook_url", "webhook_private_network"]
+
+    def clean_approval_webhook_url(self) -> str:
+        url: str = self.cleaned_data["approval_webhook_url"]
+        opened = self.instance.pk is not None and self.instance.webhook_private_network
+        if opened and not self.may_allow_private and url != self.instance.approval_webhook_url:
+            raise forms.ValidationError(
+                "This webhook may reach private and loopback addresses, which a superuser "
+                "allowed for its current URL: only a superuser may change it."
+            )
+        return url
 
     def save(self, commit: bool = True) -> Tenant:
         if self.cleaned_data.get("webhook_secret"):
@@ -301,8 +324,16 @@ class TenantAdmin(TenantScopedAdmin):
 
     form = TenantForm
     tenant_field = ""
-    superuser_only_fields = ("slug", "members")
+    superuser_only_fields = ("slug", "members", "webhook_private_network")
     list_display = ("slug", "name", "approval_webhook_url", "created_at")
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        form.may_allow_private = is_superuser(request.user)  # type: ignore[attr-defined]
+        return form
+
     search_fields = ("slug", "name")
     filter_horizontal = ("members",)
 

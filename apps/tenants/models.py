@@ -45,6 +45,11 @@ class Tenant(models.Model):
     approval_webhook_secret = models.TextField(
         blank=True, editable=False, help_text="Encrypted signing secret for the webhook."
     )
+    webhook_private_network = models.BooleanField(
+        default=False,
+        help_text="Let the approval webhook reach a private or loopback address (never "
+        "link-local or cloud metadata). Only a superuser may set it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = epoch.EpochQuerySet["Tenant"].as_manager()

@@ -122,6 +122,7 @@ def receiver() -> Iterator[Receiver]:
 def test_the_tenants_webhook_gets_a_signed_notice(caller, receiver):
     tenant = caller.tenant
     tenant.approval_webhook_url = receiver.url
+    tenant.webhook_private_network = True  # the receiver is on loopback
     tenant.set_webhook_secret("s3cret")
     tenant.save()
     _, approval = hold(caller, CONFIRM, runId="run-hook")
@@ -148,6 +149,7 @@ def test_the_tenants_webhook_gets_a_signed_notice(caller, receiver):
 
 def test_a_webhook_without_a_secret_is_sent_unsigned(caller, receiver):
     caller.tenant.approval_webhook_url = receiver.url
+    caller.tenant.webhook_private_network = True
     caller.tenant.save()
     hold(caller, CONFIRM)
 
@@ -159,6 +161,7 @@ def test_a_webhook_without_a_secret_is_sent_unsigned(caller, receiver):
 
 def test_another_tenants_calls_do_not_reach_this_webhook(caller, other, receiver):
     caller.tenant.approval_webhook_url = receiver.url
+    caller.tenant.webhook_private_network = True
     caller.tenant.save()
     hold(other, CONFIRM)
     drain_queue()
@@ -171,6 +174,7 @@ def test_a_webhook_to_the_metadata_address_is_refused_and_logged(
     make_operator("dora", caller.tenant)
     tenant = caller.tenant
     tenant.approval_webhook_url = "http://169.254.169.254/latest/meta-data/"
+    tenant.webhook_private_network = True  # even so
     tenant.set_webhook_secret("s3cret")
     tenant.save()
     attempts: list[Any] = []
@@ -193,6 +197,21 @@ def test_a_webhook_to_the_metadata_address_is_refused_and_logged(
     assert len(mailoutbox) == 1  # the email still goes out
 
 
+def test_a_webhook_on_loopback_is_refused_unless_a_superuser_allowed_it(
+    caller, receiver, caplog, mailoutbox
+):
+    """A tenant admin sets the URL; reaching the host's own ports needs a superuser."""
+    make_operator("dora", caller.tenant)
+    caller.tenant.approval_webhook_url = receiver.url
+    caller.tenant.save()
+    hold(caller, CONFIRM)
+    with caplog.at_level(logging.WARNING, logger="apps.approvals.notify"):
+        drain_queue()
+    assert receiver.requests == []
+    assert "approval webhook for tenant acme failed: Blocked" in caplog.text
+    assert len(mailoutbox) == 1
+
+
 @pytest.mark.parametrize("path", ["/short", "/not-http"])
 def test_a_webhook_that_answers_a_broken_response_is_logged_as_failed(
     caller, caplog, mailoutbox, path
@@ -200,6 +219,7 @@ def test_a_webhook_that_answers_a_broken_response_is_logged_as_failed(
     make_operator("dora", caller.tenant)
     with local_server() as server:
         caller.tenant.approval_webhook_url = f"{server.base}{path}"
+        caller.tenant.webhook_private_network = True
         caller.tenant.save()
         hold(caller, CONFIRM)
         with caplog.at_level(logging.WARNING, logger="apps.approvals.notify"):

@@ -47,7 +47,11 @@ def locked_server() -> Iterator[McpServer]:
         time.sleep(0.1)
     try:
         yield McpServer.objects.create(
-            name="calc", transport="http", url=f"http://127.0.0.1:{port}/mcp", timeout_ms=5000
+            name="calc",
+            transport="http",
+            url=f"http://127.0.0.1:{port}/mcp",
+            timeout_ms=5000,
+            allow_private_network=True,
         )
     finally:
         stop(process)

@@ -55,7 +55,11 @@ def leaky() -> Iterator[McpServer]:
     process = start(port, leaky=True)
     try:
         server = McpServer.objects.create(
-            name="leaky", transport="http", url=f"http://127.0.0.1:{port}/mcp", timeout_ms=5000
+            name="leaky",
+            transport="http",
+            url=f"http://127.0.0.1:{port}/mcp",
+            timeout_ms=5000,
+            allow_private_network=True,
         )
         credential(server, "acme", TOKEN)
         yield server

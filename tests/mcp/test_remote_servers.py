@@ -84,7 +84,9 @@ def approve_and_run(approval_id: str) -> None:
 
 
 def test_an_sdk_server_over_http_is_imported_called_held_and_approved(http_server):
-    call_command("mcp_add", "calc", "--url", http_server, stdout=io.StringIO())
+    call_command(
+        "mcp_add", "calc", "--url", http_server, "--allow-private-network", stdout=io.StringIO()
+    )
     call_command("mcp_sync", "calc", stdout=io.StringIO())
     add_id = "mcp__calc__add"
     assert Tool.objects.get(pk=add_id).enabled is False
@@ -107,7 +109,9 @@ def test_an_sdk_server_over_http_is_imported_called_held_and_approved(http_serve
 
 
 def test_http_credentials_come_from_the_tenants_connection_not_from_arguments(http_server, seen):
-    call_command("mcp_add", "calc", "--url", http_server, stdout=io.StringIO())
+    call_command(
+        "mcp_add", "calc", "--url", http_server, "--allow-private-network", stdout=io.StringIO()
+    )
     call_command("mcp_sync", "calc", stdout=io.StringIO())
     enable("mcp__calc__whoami")
     acme, globex = make_agent("acme"), make_agent("globex", "agent:other")
@@ -133,7 +137,7 @@ TOKEN = "acme-calc-token"
 def with_credential(url: str, *tools: str) -> Any:
     """The calc server imported, `tools` enabled and allowed for acme, which has a
     bearer credential for it."""
-    call_command("mcp_add", "calc", "--url", url, stdout=io.StringIO())
+    call_command("mcp_add", "calc", "--url", url, "--allow-private-network", stdout=io.StringIO())
     call_command("mcp_sync", "calc", stdout=io.StringIO())
     tool_ids = [f"mcp__calc__{tool}" for tool in tools]
     enable(*tool_ids)
@@ -217,7 +221,9 @@ def test_a_call_that_sent_no_credential_keeps_its_output_as_it_came(http_server,
 
 
 def test_a_credential_is_never_sent_to_a_server_outside_its_allowed_hosts(http_server):
-    call_command("mcp_add", "calc", "--url", http_server, stdout=io.StringIO())
+    call_command(
+        "mcp_add", "calc", "--url", http_server, "--allow-private-network", stdout=io.StringIO()
+    )
     call_command("mcp_sync", "calc", stdout=io.StringIO())
     enable("mcp__calc__whoami")
     acme = make_agent("acme")
@@ -232,6 +238,7 @@ def test_a_credential_is_never_sent_to_a_server_outside_its_allowed_hosts(http_s
     assert body["ok"] is False and body["errorCode"] == "unavailable", body
     assert "allowed hosts" in body["safeMessage"]
     assert "acme-calc-token" not in str(body)
+    assert "127.0.0.1" not in body["safeMessage"]  # the server's host is the deployment's
 
 
 @pytest.mark.parametrize("answers", ["sse", "json"])
@@ -242,7 +249,9 @@ def test_an_answer_past_the_message_limit_fails_its_call_and_the_server_serves_o
     or as a plain JSON body: a larger one fails that call without being held in memory."""
     json_response = "1" if answers == "json" else "0"
     with serving(tmp_path, MCP_HTTP_JSON_RESPONSE=json_response, MCP_HTTP_SIZED="1") as url:
-        call_command("mcp_add", "big", "--url", url, stdout=io.StringIO())
+        call_command(
+            "mcp_add", "big", "--url", url, "--allow-private-network", stdout=io.StringIO()
+        )
         call_command("mcp_sync", "big", stdout=io.StringIO())
         enable("mcp__big__sized")
         agent = make_agent("acme")
@@ -263,7 +272,9 @@ def test_an_answer_past_the_message_limit_fails_its_call_and_the_server_serves_o
 def test_a_listing_past_the_message_limit_fails_the_sync_with_a_clear_error(answers, tmp_path):
     json_response = "1" if answers == "json" else "0"
     with serving(tmp_path, MCP_HTTP_JSON_RESPONSE=json_response, MCP_HTTP_HUGE_LISTING="1") as url:
-        call_command("mcp_add", "wordy", "--url", url, stdout=io.StringIO())
+        call_command(
+            "mcp_add", "wordy", "--url", url, "--allow-private-network", stdout=io.StringIO()
+        )
         with pytest.raises(CommandError):
             call_command("mcp_sync", "wordy", stdout=io.StringIO(), stderr=io.StringIO())
     assert McpServer.objects.get(name="wordy").last_error == (
@@ -283,7 +294,12 @@ def test_a_url_that_does_not_speak_mcp_fails_the_sync_with_a_clear_error(tmp_pat
     )
     try:
         time.sleep(1)
-        McpServer.objects.create(name="text", transport="http", url=f"http://127.0.0.1:{port}/mcp")
+        McpServer.objects.create(
+            name="text",
+            transport="http",
+            url=f"http://127.0.0.1:{port}/mcp",
+            allow_private_network=True,
+        )
         with pytest.raises(CommandError):
             call_command("mcp_sync", "text", stdout=io.StringIO(), stderr=io.StringIO())
         assert McpServer.objects.get(name="text").last_error.startswith("listing failed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -100,16 +101,20 @@ def test_a_stdio_command_off_the_allowlist_is_refused():
     assert not McpServer.objects.exists()
 
 
-def test_a_server_whose_command_left_the_allowlist_no_longer_runs(settings):
+def test_a_server_whose_command_left_the_allowlist_no_longer_runs(settings, caplog):
     add("time", "mcp-server-time")
     enable(TIME)
     agent = make_agent("acme")
     allow(agent.tenant, TIME)
-    settings.TOOLHUB_MCP_STDIO_COMMANDS = []
-    body = agent.invoke(TIME, args={"timezone": "UTC"}).json()
-    assert (
-        body["errorCode"] == "unavailable" and "TOOLHUB_MCP_STDIO_COMMANDS" in body["safeMessage"]
-    )
+    settings.TOOLHUB_MCP_STDIO_COMMANDS = ["mcp-server-git"]
+    with caplog.at_level(logging.WARNING, logger="apps.mcp.source"):
+        body = agent.invoke(TIME, args={"timezone": "UTC"}).json()
+    assert body["errorCode"] == "unavailable"
+    assert "not allowed to run on this deployment" in body["safeMessage"]
+    # The deployment's configuration stays in the log, for its operator.
+    for detail in ("TOOLHUB_MCP_STDIO_COMMANDS", "mcp-server-git", "mcp-server-time"):
+        assert detail not in body["safeMessage"]
+        assert detail in caplog.text
 
 
 def well() -> McpServer:
@@ -216,7 +221,9 @@ def test_other_servers_keep_working_when_one_is_down():
     enable(TIME)
     agent = make_agent("acme")
     allow(agent.tenant, TIME)
-    server = McpServer.objects.create(name="down", transport="http", url="http://127.0.0.1:9/mcp")
+    server = McpServer.objects.create(
+        name="down", transport="http", url="http://127.0.0.1:9/mcp", allow_private_network=True
+    )
     with pytest.raises(CommandError, match="sync failed"):
         call_command("mcp_sync", "down", stderr=io.StringIO())
     server.refresh_from_db()

@@ -24,6 +24,7 @@ from urllib.parse import quote
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
@@ -149,7 +150,12 @@ if os.environ.get("MCP_HTTP_HUGE_LISTING"):
 if __name__ == "__main__":
     # MCP_HTTP_JSON_RESPONSE=1: answers are plain JSON bodies instead of SSE streams.
     json_response = os.environ.get("MCP_HTTP_JSON_RESPONSE") == "1"
-    asgi = app.streamable_http_app(json_response=json_response)
+    # MCP_HTTP_HOST=name: the Host header the server accepts besides its address (a test
+    # that reaches it by a name only toolhub's resolver knows).
+    security = None
+    if os.environ.get("MCP_HTTP_HOST"):
+        security = TransportSecuritySettings(allowed_hosts=[os.environ["MCP_HTTP_HOST"]])
+    asgi = app.streamable_http_app(json_response=json_response, transport_security=security)
     if len(sys.argv) > 2:
         if os.environ.get("MCP_HTTP_LEAKY_LISTING"):
             leak_into_listing(sys.argv[2])

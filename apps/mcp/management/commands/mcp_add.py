@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from argparse import BooleanOptionalAction
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -20,6 +21,13 @@ class Command(BaseCommand):
         target.add_argument("--url")
         target.add_argument("--command", dest="stdio_command")
         parser.add_argument("--timeout-ms", type=int, default=15000)
+        parser.add_argument(
+            "--allow-private-network",
+            action=BooleanOptionalAction,
+            default=None,
+            help="Let toolhub reach this HTTP server on a private or loopback address "
+            "(kept as it was when not given; new servers: no).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
@@ -30,6 +38,8 @@ class Command(BaseCommand):
             server.transport, server.url = Transport.STDIO, ""
             server.command = options["stdio_command"]
         server.timeout_ms = options["timeout_ms"]
+        if options["allow_private_network"] is not None:
+            server.allow_private_network = options["allow_private_network"]
         try:
             server.full_clean()
         except ValidationError as exc:
