@@ -144,8 +144,9 @@ registry.register(DatabaseCollector())
 
 def metrics(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
+        # Anyone may ask: the answer says how to get in, never which setting holds the token.
         response = HttpResponse(
-            "Metrics need Authorization: Bearer <TOOLHUB_METRICS_TOKEN> or a superuser session.\n",
+            "Metrics need a scrape token (Authorization: Bearer <token>) or a superuser session.\n",
             status=401,
             content_type="text/plain",
         )

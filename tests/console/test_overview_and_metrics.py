@@ -167,6 +167,13 @@ def test_metrics_without_credentials_is_401(caller):
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
+def test_a_refused_scrape_says_how_to_authenticate_without_naming_the_setting(caller):
+    body = Client().get("/metrics").content.decode()
+
+    assert "Authorization: Bearer <token>" in body
+    assert "TOOLHUB_" not in body
+
+
 @override_settings(TOOLHUB_METRICS_TOKEN=TOKEN)
 def test_metrics_with_a_wrong_token_is_401(caller):
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
