@@ -49,7 +49,15 @@ CREDENTIALS = "it needs credentials (a tenant's connection on the server's page;
 
 
 class ServerUnavailable(Exception):
-    """The server could not be reached, started, or answered with something unusable."""
+    """The server could not be reached, started, or answered with something unusable.
+
+    `str()` is for staff (discovery's report, the log); `for_agent` is what a caller of
+    the server's tools is told: what they can act on, never how the deployment is run.
+    """
+
+    def __init__(self, reason: str, for_agent: str = "") -> None:
+        super().__init__(reason)
+        self.for_agent = for_agent or reason
 
 
 class RemoteError(Exception):
@@ -172,9 +180,16 @@ class _Session:
         except BaseException as exc:  # any failure ends this session only
             if not self.ready.done():
                 reason = _describe(exc)
+                for_agent = ""
                 if self.refused is not None:
                     reason = f"the server refused the request (HTTP {self.refused}): {CREDENTIALS}"
-                self.ready.set_exception(ServerUnavailable(reason))
+                    for_agent = (
+                        "the server refused the request: it needs your tenant's credentials; "
+                        "ask a tenant admin to add them"
+                    )
+                else:
+                    logger.info("MCP server %s did not start: %r", self.endpoint.server, exc)
+                self.ready.set_exception(ServerUnavailable(reason, for_agent))
             if isinstance(exc, asyncio.CancelledError):
                 return
         finally:
@@ -235,10 +250,11 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return "the server's program was not found"
     if isinstance(exc, OSError | ConnectionError):
-        return f"the server could not be reached ({type(exc).__name__})"
+        return "the server could not be reached"
     if isinstance(exc, ServerUnavailable):
         return str(exc)
-    return f"the session failed ({type(exc).__name__})"
+    # The client library's own exception types say nothing a caller can act on.
+    return "the session failed"
 
 
 class Pool:
@@ -322,6 +338,7 @@ class Pool:
             raise
         except Exception as exc:
             await self._drop(endpoint)
+            logger.info("MCP server %s failed: %r", endpoint.server, exc)
             raise ServerUnavailable(_describe(exc)) from None
 
     def _check_later(self, endpoint: Endpoint, session: ClientSession) -> None:

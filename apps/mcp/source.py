@@ -198,7 +198,9 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
                 cancelled=lambda: ctx.cancelled,
             )
         except ServerUnavailable as exc:
-            raise ToolUnavailable(f"The MCP server {server.name} is unavailable: {exc}.") from None
+            raise ToolUnavailable(
+                f"The MCP server {server.name} is unavailable: {exc.for_agent}."
+            ) from None
         except ServerTimeout:
             raise ToolTimedOut(f"The MCP server {server.name} did not answer in time.") from None
         except AnswerTooLarge as exc:

@@ -236,12 +236,6 @@ def an_mcp_server_that_wants_credentials_the_tenant_lacks(world: World) -> list[
         return world.call(imported_tool(world, server))
 
 
-def owned_elsewhere(where: str) -> pytest.MarkDecorator:
-    """A leak found in a file another change owns: this case passes once it is fixed there
-    (then the marker goes)."""
-    return pytest.mark.xfail(strict=True, reason=f"the message is built in {where}")
-
-
 CASES: list[Any] = [
     unknown_tool,
     tool_no_policy_allows,
@@ -258,10 +252,7 @@ CASES: list[Any] = [
     an_mcp_server_that_is_down,
     an_mcp_command_off_the_allowlist,
     an_mcp_server_the_credential_may_not_reach,
-    pytest.param(
-        an_mcp_server_that_wants_credentials_the_tenant_lacks,
-        marks=owned_elsewhere("apps/mcp/sessions.py CREDENTIALS"),
-    ),
+    an_mcp_server_that_wants_credentials_the_tenant_lacks,
 ]
 
 
