@@ -6,14 +6,15 @@ from typing import Any
 
 from rest_framework import exceptions, parsers
 
+from toolhub import json_input
+
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser; JSON nested too deeply to decode is a 400 too, not a 500."""
+    """DRF's JSON parser reading with toolhub.json_input: JSON that is not JSON, or that
+    is nested too deeply or too large, is a 400 saying which, never a 500."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError:
-            raise exceptions.ParseError(
-                "JSON parse error - the body is nested too deeply."
-            ) from None
+            return json_input.loads(stream.read())
+        except json_input.JsonInputError as exc:
+            raise exceptions.ParseError(str(exc)) from None

@@ -22,7 +22,6 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
@@ -37,6 +36,7 @@ from apps.invocations.streams import (
     CLOSE_INTERNAL,
     CLOSE_TOO_SLOW,
     NO_CHANNEL,
+    OneWayStream,
     refuse,
 )
 from apps.tenants.models import Tenant
@@ -60,7 +60,7 @@ class _CatchUp:
 CATCH_UP: Final = _CatchUp()
 
 
-class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
+class ApprovalsConsumer(CountedStream, OneWayStream):
     stream_kind = "approvals"  # toolhub_open_streams
     channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
     tenant_ids: list[int]  # the tenants whose feeds it listens to
@@ -144,9 +144,12 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
 
     async def access_revoked(self) -> None:
         """The session ended or the user lost access (revocations.SessionWatch): 4403."""
+        await self.end_stream(CLOSE_FORBIDDEN)
+
+    async def end_stream(self, code: int) -> None:
         if self.sender is not None:
             self.sender.cancel()
-        await self.close(code=CLOSE_FORBIDDEN)
+        await self.close(code=code)
 
     async def catch_up(self) -> None:
         """The feed may have missed pushes: re-read the database in this stream's own
@@ -204,6 +207,3 @@ class ApprovalsConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     def _check(self, tool_id: str) -> bool:
         tool = Tool.objects.filter(pk=tool_id).first()
         return tool is not None and can_decide(self.scope["user"], tool)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """One-way stream; client messages are ignored."""

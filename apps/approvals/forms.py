@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
+
+from toolhub import json_input
 
 
 class DecisionForm(forms.Form):
@@ -25,9 +26,10 @@ class DecisionForm(forms.Form):
             self.add_error("reason", "Say why you reject it: the reason goes back to the agent.")
         if data.get("action") == "edit":
             try:
-                edited = json.loads(data.get("args") or "")
-            except ValueError:
-                self.add_error("args", "The edited arguments are not valid JSON.")
+                edited = json_input.loads(data.get("args") or "")
+            except json_input.JsonInputError as exc:
+                reason = f"are refused. {exc}" if exc.limit else "are not valid JSON."
+                self.add_error("args", f"The edited arguments {reason}")
             else:
                 if not isinstance(edited, dict):
                     self.add_error("args", "The edited arguments must be a JSON object.")

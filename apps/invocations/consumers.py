@@ -24,7 +24,6 @@ from collections import deque
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -38,6 +37,7 @@ from apps.invocations.streams import (
     CLOSE_INTERNAL,
     CLOSE_TOO_SLOW,
     NO_CHANNEL,
+    OneWayStream,
     StreamAccess,
     connection_slots,
     is_run_id,
@@ -77,7 +77,7 @@ class SendBudget:
         return max(0.0, -self.tokens / self.rate)
 
 
-class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
+class RunConsumer(CountedStream, OneWayStream):
     stream_kind = "runs"  # toolhub_open_streams
     # Live events arrive through the process's Feed for the run, not through a
     # channel of the consumer's own: no per-stream channel is created.
@@ -128,7 +128,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         except Exception:
             logger.exception("run stream %s could not subscribe to live events", self.run_id)
             self.group = None
-            await self._close(CLOSE_INTERNAL)
+            await self.end_stream(CLOSE_INTERNAL)
             return
         self.sending = asyncio.ensure_future(self._send_queued(replay=True))
         if self.api_key_id is not None:
@@ -176,7 +176,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
     async def key_revoked(self) -> None:
         """Its API key was revoked (apps.invocations.revocations): 4403, as at a handshake."""
         if not self.gone:
-            await self._close(CLOSE_FORBIDDEN)
+            await self.end_stream(CLOSE_FORBIDDEN)
 
     async def access_revoked(self) -> None:
         """Its staff session ended or its user lost access (revocations.SessionWatch)."""
@@ -215,7 +215,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
                 await self._deliver(seq, text)
         except Exception:
             logger.exception("run stream %s failed; closing it", self.run_id)
-            await self._close(CLOSE_INTERNAL)
+            await self.end_stream(CLOSE_INTERNAL)
         finally:
             if not self.gone and self.sending is asyncio.current_task():
                 self.sending = None
@@ -239,7 +239,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             self.paced_since = self.paced_since or now
             if now - self.paced_since > settings.TOOLHUB_WS_SLOW_CLIENT_SECONDS:
                 logger.info("closing a run stream that cannot keep up (%s)", self.run_id)
-                await self._close(CLOSE_TOO_SLOW)
+                await self.end_stream(CLOSE_TOO_SLOW)
                 return False
             await asyncio.sleep(wait)
             if self.gone:
@@ -250,7 +250,7 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
         self.last_seq = seq
         return True
 
-    async def _close(self, code: int) -> None:
+    async def end_stream(self, code: int) -> None:
         self.gone = True
         self.queued.clear()
         await self.close(code=code)
@@ -262,6 +262,3 @@ class RunConsumer(CountedStream, AsyncJsonWebsocketConsumer):
             .order_by("seq")
             .values_list("message", flat=True)[:REPLAY_BATCH]
         )
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The stream is one-way; anything a client sends is ignored."""

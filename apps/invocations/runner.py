@@ -78,6 +78,7 @@ from apps.tools.models import Effect, Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
 from apps.tools.registry import RegisteredTool, registry
+from toolhub import json_input
 
 logger = logging.getLogger(__name__)
 
@@ -173,9 +174,12 @@ def _parse_arguments(request: InvocationRequest) -> tuple[dict[str, Any] | None,
     if request.arguments is None:
         return (request.args or {}), None
     try:
-        parsed = json.loads(request.arguments)
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
-        return None, Refusal(ErrorCode.INVALID_JSON, "The tool arguments are not valid JSON.")
+        parsed = json_input.loads(request.arguments)
+    except json_input.JsonInputError as exc:
+        message = f"The tool arguments are refused. {exc}" if exc.limit else None
+        return None, Refusal(
+            ErrorCode.INVALID_JSON, message or "The tool arguments are not valid JSON."
+        )
     if not isinstance(parsed, dict):
         return None, Refusal(ErrorCode.VALIDATION, "The tool arguments must be a JSON object.")
     return parsed, None

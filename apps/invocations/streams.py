@@ -12,11 +12,13 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import redis.asyncio
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from pydantic import TypeAdapter, ValidationError
 
 from apps.invocations.requests import Identifier
 from apps.tenants.models import Tenant
+from toolhub import json_input
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,51 @@ async def refuse(consumer: Any, code: int) -> None:
     """
     await consumer.accept()
     await consumer.close(code=code)
+
+
+class OneWayStream(AsyncJsonWebsocketConsumer):
+    """A stream the server writes and the client only reads (the run and approvals streams).
+
+    What a client sends is read with toolhub.json_input and ignored. A message that is
+    not JSON (binary, malformed, nested too deeply, too large) closes the stream with
+    4400 and an info line: channels' JSON consumer raised there, and Daphne logged a
+    traceback and closed with 1011. What arrives once the server closed is dropped.
+    """
+
+    server_closed = False
+
+    @classmethod
+    async def decode_json(cls, text_data: str) -> Any:
+        return json_input.loads(text_data)
+
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        if self.server_closed:
+            return
+        if text_data is None:
+            problem = "A binary message is not JSON."
+        else:
+            try:
+                content = await self.decode_json(text_data)
+            except json_input.JsonInputError as exc:
+                problem = str(exc)
+            else:
+                await self.receive_json(content, **kwargs)
+                return
+        logger.info("closing a stream whose client sent a message that is not JSON: %s", problem)
+        await self.end_stream(CLOSE_BAD_REQUEST)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """The stream is one-way; anything a client sends is ignored."""
+
+    async def end_stream(self, code: int) -> None:
+        """Close from the server's side; a stream stops its sending first."""
+        await self.close(code=code)
+
+    async def close(self, code: Any = None, reason: Any = None) -> None:
+        self.server_closed = True
+        await super().close(code, reason)
 
 
 _run_id = TypeAdapter(Identifier)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -14,6 +13,7 @@ from apps.policies.models import PolicyRule
 from apps.tenants.models import Tenant, validate_principal
 from apps.tenants.scoping import staff_tenants
 from apps.tools.models import Tool
+from toolhub import json_input
 
 CEL_HELP = (
     "CEL over the call. Variables: args (the validated arguments), tool.id, tool.effect, "
@@ -114,7 +114,8 @@ class SimulationForm(TenantScopedForm):
     def clean_args(self) -> str:
         text = self.cleaned_data.get("args") or "{}"
         try:
-            json.loads(text)
-        except ValueError:
-            raise ValidationError("Not JSON (the dry run would answer invalid_json).") from None
+            json_input.loads(text)
+        except json_input.JsonInputError as exc:
+            reason = str(exc) if exc.limit else "Not JSON."
+            raise ValidationError(f"{reason} The dry run would answer invalid_json.") from None
         return text

@@ -20,6 +20,7 @@ from tests.approvals.support import (
     record_of,
     require_approval,
 )
+from tests.support.deep_json import TOO_DEEP, deep_texts, logged_tracebacks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,6 +145,21 @@ def test_editing_with_invalid_json_shows_the_error_and_stays_pending(caller, con
     assert response.status_code == 200
     assert "not valid JSON" in response.content.decode()
     assert status_of(approval) == ApprovalStatus.PENDING
+
+
+@deep_texts
+def test_editing_with_json_nested_too_deeply_shows_the_error_and_stays_pending(
+    caller, console, text, caplog
+):
+    require_approval(caller.tenant, ECHO)
+    _, approval = hold(caller, ECHO, args={"text": "hello"})
+
+    response = console.post(detail_url(approval), {"action": "edit", "args": text})
+
+    assert response.status_code == 200
+    assert f"The edited arguments are refused. {TOO_DEEP}" in response.content.decode()
+    assert status_of(approval) == ApprovalStatus.PENDING
+    assert logged_tracebacks(caplog) == []
 
 
 def test_editing_with_args_the_schema_refuses_shows_why_and_stays_pending(caller, console):

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from apps.invocations.models import InvocationRecord
 from apps.tools.models import Tool
 from tests.conftest import allow
+from tests.support.deep_json import TOO_DEEP, deep_texts, logged_tracebacks
 from tests.support.responses import record_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,6 +50,15 @@ def test_it_rejects_a_body_nested_too_deeply_to_parse_without_a_500(agent):
     response = post_raw(agent, "[" * 100_000 + "]" * 100_000)
     assert response.status_code == 400
     assert InvocationRecord.objects.count() == 0
+
+
+@deep_texts
+def test_it_answers_400_saying_the_body_is_nested_too_deeply(agent, text, caplog):
+    response = post_raw(agent, text)
+    assert response.status_code == 400
+    assert response.json() == {"detail": TOO_DEEP}
+    assert InvocationRecord.objects.count() == 0
+    assert logged_tracebacks(caplog) == []
 
 
 def test_it_rejects_a_body_without_a_tool_id(agent):
@@ -168,6 +178,17 @@ def test_it_refuses_arguments_text_nested_too_deeply_as_invalid_json(agent):
     assert response.status_code == 200
     assert response.json()["errorCode"] == "invalid_json"
     assert record_of(response).error_code == "invalid_json"
+
+
+@deep_texts
+def test_it_refuses_arguments_text_nested_too_deeply_saying_so(agent, text, caplog):
+    response = agent.invoke(CLOCK, arguments=text)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["errorCode"] == "invalid_json"
+    assert body["safeMessage"] == f"The tool arguments are refused. {TOO_DEEP}"
+    assert record_of(response).args is None
+    assert logged_tracebacks(caplog) == []
 
 
 def test_it_refuses_arguments_json_that_is_not_an_object(agent):

@@ -15,6 +15,7 @@ import pytest
 
 from apps.tenants.models import ApiKey
 from tests.conftest import allow, make_agent
+from tests.support.deep_json import DEEP_ARRAYS, DEEP_OBJECTS, OVER_DEPTH, TOO_DEEP
 from tests.support.server import Server, daphne
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
@@ -82,6 +83,24 @@ def test_a_session_belongs_to_the_key_that_started_it(server, agent, stranger):
     assert rpc(server, agent.key, session + "x", "ping").status_code == 404
     missing = post(server, {"jsonrpc": "2.0", "id": 2, "method": "ping"}, agent.key)
     assert missing.status_code == 400
+
+
+@pytest.fixture
+def roomy_server(transactional_db: None) -> Iterator[Server]:
+    """A Daphne with the default body limit (1 MiB): room for 20,000 brackets."""
+    with daphne() as base:
+        yield base
+
+
+def test_json_nested_too_deeply_is_a_parse_error_and_logs_no_traceback(roomy_server, agent):
+    session = start(roomy_server, agent.key)
+    parse_error = {"code": -32700, "message": f"Parse error. {TOO_DEEP}"}
+    for text in (DEEP_ARRAYS, DEEP_OBJECTS, OVER_DEPTH):
+        for headers in ({}, {"Mcp-Session-Id": session}):
+            response = post(roomy_server, text.encode(), agent.key, **headers)
+            assert response.status_code == 400
+            assert response.json() == {"jsonrpc": "2.0", "id": None, "error": parse_error}
+    assert "Traceback" not in roomy_server.output()
 
 
 def test_protocol_mistakes_are_json_rpc_errors(server, agent):

@@ -8,6 +8,7 @@ from apps.invocations.models import InvocationRecord, RunEvent
 from apps.policies.setup import grant_tool
 from apps.tools.models import Tool
 from tests.setup.conftest import SIMULATE_URL, Setting, logged_in
+from tests.support.deep_json import TOO_DEEP, deep_texts, logged_tracebacks
 
 TIME = "core__get_current_time"
 
@@ -56,6 +57,14 @@ def test_an_unknown_principal_is_a_form_error(setting, admin_client):
 def test_arguments_that_are_not_json_are_a_form_error(setting, admin_client):
     page = dry_run(admin_client, setting, args="{oops")
     assert "Not JSON" in page
+
+
+@deep_texts
+def test_arguments_nested_too_deeply_are_a_form_error(setting, admin_client, text, caplog):
+    page = dry_run(admin_client, setting, args=text)
+    assert f"{TOO_DEEP} The dry run would answer invalid_json." in page
+    assert "Decision:" not in page
+    assert logged_tracebacks(caplog) == []
 
 
 def test_another_tenant_cannot_be_asked_about(setting, admin_client):

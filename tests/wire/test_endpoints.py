@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.wire import MAX_BATCH_CALLS
 from tests.conftest import Agent
+from tests.support.deep_json import TOO_DEEP, deep_texts, logged_tracebacks
 from tests.wire.conftest import ANTHROPIC, OPENAI, assert_shape, fixture_names, load
 
 pytestmark = pytest.mark.django_db
@@ -146,6 +147,36 @@ def test_an_anthropic_input_that_is_not_an_object_is_refused(wire_agent):
     assert json.loads(result["content"])["errorCode"] == "validation"
 
 
+@deep_texts
+def test_arguments_nested_too_deeply_are_invalid_json_and_the_rest_runs(wire_agent, text, caplog):
+    bad = {"id": "c1", "type": "function", "function": {"name": "test__echo", "arguments": text}}
+    first, second = contents(post(wire_agent, OPENAI, {"toolCalls": [bad, echo("c2")]}))
+    assert first["errorCode"] == "invalid_json"
+    assert first["safeMessage"] == f"The tool arguments are refused. {TOO_DEEP}"
+    assert second == {"text": "hi"}
+    assert logged_tracebacks(caplog) == []
+
+
+@deep_texts
+def test_a_streamed_input_nested_too_deeply_is_invalid_json(wire_agent, text):
+    events = [
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "test__echo"},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": text},
+        },
+        {"type": "content_block_stop", "index": 0},
+    ]
+    (result,) = post(wire_agent, ANTHROPIC, {"events": events}).json()["content"]
+    assert result["is_error"] is True
+    assert json.loads(result["content"])["safeMessage"].endswith(TOO_DEEP)
+
+
 def test_a_stream_that_ends_mid_call_does_not_run_that_call(wire_agent):
     response = post(wire_agent, OPENAI, load("openai_stream_cut")["request"])
     first, second = contents(response)
@@ -202,6 +233,16 @@ def test_a_batch_over_the_documented_size_runs_only_the_first_calls(wire_agent):
 
 
 # ---------------------------------------------------------------- request errors
+
+
+@deep_texts
+def test_a_body_nested_too_deeply_is_a_400_saying_so(wire_agent, text, caplog):
+    for url in (OPENAI, ANTHROPIC):
+        response = wire_agent.client.post(url, data=text, content_type="application/json")
+        assert response.status_code == 400
+        assert response.json() == {"detail": TOO_DEEP}
+    assert not InvocationRecord.objects.exists()
+    assert logged_tracebacks(caplog) == []
 
 
 def test_it_wants_exactly_one_form_of_calls(wire_agent):

@@ -9,12 +9,12 @@ index opens the call (it carries the `id`), later string fragments of `id`,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from apps.invocations.models import ErrorCode
 from apps.invocations.wire import CUT_MID_CALL, MalformedRequest, Outcome, Problem, WireCall
+from toolhub import json_input
 
 FINISHED = frozenset({"tool_calls", "stop", "function_call", "content_filter"})
 """finish_reason values after which every call in the stream is complete (not `length`)."""
@@ -168,8 +168,8 @@ class StreamDecoder:
 
 def _complete_json(text: str) -> bool:
     try:
-        json.loads(text)
-    except (ValueError, RecursionError):
+        json_input.loads(text)
+    except json_input.JsonInputError:
         return False
     return True
 

@@ -33,7 +33,7 @@ from apps.mcp.server.notifications import groups_for
 from apps.mcp.server.sessions import Session
 from apps.tenants.callers import Caller
 from apps.tenants.models import ApiKey
-from toolhub import draining
+from toolhub import draining, json_input
 from toolhub.limits import Receive, Scope, Send
 from toolhub.ws_auth import allowed_origin
 
@@ -98,9 +98,9 @@ class McpEndpoint:
 
     async def post(self, scope: Scope, receive: Receive, key: ApiKey, body: bytes) -> Reply:
         try:
-            message = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return Reply(400, rpc_error(None, methods.PARSE_ERROR, "Parse error: not JSON."))
+            message = json_input.loads(body)
+        except json_input.JsonInputError as exc:
+            return Reply(400, rpc_error(None, methods.PARSE_ERROR, f"Parse error. {exc}"))
         if isinstance(message, list):
             return Reply(
                 400, rpc_error(None, methods.INVALID_REQUEST, "Send one message per request.")
