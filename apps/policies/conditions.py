@@ -4,37 +4,76 @@ We use `common-expression-language` (a Rust CEL implementation with Python
 bindings): it follows the CEL spec, compiles an expression once into a reusable
 program, and evaluates in microseconds, so rules cost little on the hot path.
 cel-python was the alternative; it is pure Python and markedly slower.
+
+It holds Python's interpreter lock for a whole evaluation, and has no cost limit of
+its own: every condition's cost is bounded when it is saved and checked at every
+call (apps/policies/cost.py), so no rule can stop the server for long.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import cel
 
+from apps.policies import cost
+
+MAX_LENGTH = 2000
+
 
 class ConditionError(Exception):
-    """An expression that does not compile, or that failed or returned a non-boolean."""
+    """An expression that does not compile, costs too much, failed, or returned a non-boolean."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    program: Any
+    cost: cost.Cost
+
+
+def compile_condition(expression: str) -> Condition:
+    """The compiled condition, or ConditionError saying why it cannot be used. Run when a
+    rule is saved and at every evaluation, so a rule saved before its cost was bounded, or
+    under other limits, fails closed (the call is denied) rather than stalling."""
+    compiled = _compiled(expression)
+    if isinstance(compiled, str):
+        raise ConditionError(compiled)
+    return compiled
 
 
 @lru_cache(maxsize=1024)
-def compile_condition(expression: str) -> Any:
+def _compiled(expression: str) -> Condition | str:
+    """Cached with its refusal too: a refused rule in the database costs a lookup per call."""
     if not expression.strip():
-        raise ConditionError("The condition is empty.")
-    if len(expression) > 2000:
-        raise ConditionError("The condition is longer than 2000 characters.")
+        return "The condition is empty."
+    if len(expression) > MAX_LENGTH:
+        return f"The condition is longer than {MAX_LENGTH} characters."
     try:
-        return cel.compile(expression)
+        program = cel.compile(expression)
     except (ValueError, RuntimeError, TypeError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConditionError(f"The condition does not compile: {first_line}") from None
+        return f"The condition does not compile: {first_line}"
+    try:
+        bounded = cost.analyse(expression)
+    except cost.TooExpensive as exc:
+        return f"The condition is too expensive: {exc}."
+    except cost.Unreadable as exc:
+        return f"The condition's cost cannot be checked: {exc}."
+    return Condition(program, bounded)
 
 
 def holds(expression: str, variables: dict[str, Any]) -> bool:
-    program = compile_condition(expression)
+    condition = compile_condition(expression)
+    chosen = condition.cost.variables(variables)
     try:
-        value = program.execute(variables)
+        condition.cost.check(chosen)
+    except cost.TooExpensive as exc:
+        raise ConditionError(f"The condition is too expensive for this call: {exc}.") from None
+    program = condition.program
+    try:
+        value = program.execute(chosen)
     except KeyError as exc:
         # CEL has no "absent is false": reading a field the call lacks is an error.
         name = str(exc.args[0]) if exc.args else "?"

@@ -20,7 +20,9 @@ CEL_HELP = (
     "tool.consequenceLevel, principal, runId. Examples: args.amount > 100 · "
     '!args.url.startsWith("https://api.example.com/") · principal == "agent:ops". '
     "A field the call may omit must be tested first: has(args.cc) && size(args.cc) > 0 "
-    "(reading an absent field denies the call and names this rule)."
+    "(reading an absent field denies the call and names this rule). A condition must cost "
+    "little: one that could hold the server for more than about 2 ms (nested loops, map or "
+    "filter over args, costly patterns) is refused, saying which part costs too much."
 )
 POSITION_HELP = (
     "Display order. Every matching rule counts (deny beats approval beats allow); when "

@@ -122,6 +122,30 @@ def test_an_empty_condition_is_refused(admin_browser, policy):
     assert not PolicyRule.objects.exists()
 
 
+def test_a_condition_too_expensive_to_evaluate_is_refused_naming_what_costs_too_much(
+    admin_browser, policy
+):
+    twenty = "[" + ",".join(str(i) for i in range(20)) + "]"
+    condition = "false"
+    for level in reversed(range(5)):  # the security review's rule: 6.8 s a call
+        condition = f"{twenty}.exists(v{level}, {condition})"
+    page = admin_browser.get(change_url(policy))
+    data = with_rule(
+        form_data(page),
+        rule_prefix(page),
+        position="0",
+        tool_pattern="core__*",
+        condition=condition,
+        outcome="deny",
+    )
+    response = admin_browser.post(change_url(policy), data)
+    message = " ".join(rule_errors(response)[0]["condition"])
+    assert "The condition is too expensive: exists() at column" in message
+    assert "runs its body 20 times" in message
+    assert "the limit is 4,000" in message
+    assert not PolicyRule.objects.exists()
+
+
 def test_a_rule_with_a_valid_condition_saves(admin_browser, policy):
     page = admin_browser.get(change_url(policy))
     data = with_rule(
