@@ -3,7 +3,9 @@
 Nothing is ever enabled here: a new tool starts disabled and untrusted (effect
 external_side_effect, whatever its annotations claim); a tool whose description or
 schema changed is disabled until an admin accepts the change (tool poisoning); a
-tool whose schema is outside the subset is imported unusable with the reason.
+tool whose schema cannot be used (apps/mcp/schemas.py: it does not compile, fetches
+something, declares `connectionId`...) is imported unusable with a reason naming it, and
+the rest of the sync goes on.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Imported MCP tools as a tool source (TOOLHUB_TOOL_SOURCES): contracts built from rows.
 
 Each imported tool becomes a ToolContract like a built-in one and passes the same
-check (apps/tools/registry.py `check_contract`): its schema compiled to a pydantic
-model, a redaction allowlist, an effect chosen by an admin. The runner validates,
+check (apps/tools/registry.py `check_contract`): its declared JSON Schema compiled to a
+validator behind a pydantic model (apps/mcp/schemas.py), a redaction allowlist, an effect
+chosen by an admin. The runner validates,
 holds, times out, redacts and records it exactly as it does a built-in tool; the
-contract's execute function forwards the validated arguments to the server's
-pooled session, under the runner's deadline.
+contract's execute function forwards the validated arguments, exactly as the agent sent
+them, to the server's pooled session, under the runner's deadline.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from apps.mcp.models import (
     Transport,
     allowed_argv,
 )
-from apps.mcp.schemas import compile_params
+from apps.mcp.schemas import compile_params, declared_names
 from apps.mcp.sessions import (
     AnswerTooLarge,
     Endpoint,
@@ -48,6 +49,7 @@ from apps.tools.contracts import (
     ToolUnavailable,
 )
 from apps.tools.registry import RegisteredTool, check_contract
+from apps.tools.schema import SchemaError
 
 logger = logging.getLogger(__name__)
 RESULT_FIELDS = ("content", "structuredContent", "isError")
@@ -74,8 +76,14 @@ def short_description(description: str) -> str:
 def build_contract(row: McpTool) -> RegisteredTool:
     """The checked contract for an imported tool; raises SchemaError/ToolRegistrationError."""
     server = row.server
-    params = compile_params(row.input_schema, title=f"{row.tool_id}_args")
-    declared = list(params.model_json_schema().get("properties", {}))
+    try:
+        params = compile_params(row.input_schema, title=f"{row.tool_id}_args")
+    except SchemaError as exc:
+        raise SchemaError(
+            f"the input schema of {row.remote_name!r} cannot be used: {exc}"
+        ) from None
+    assert params.declared_schema is not None
+    declared = declared_names(params.declared_schema)
     kept = [name for name in (row.redaction_args or declared) if name in declared]
     contract = ToolContract(
         name=row.tool_id.removeprefix("mcp__"),

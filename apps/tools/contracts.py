@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,6 +26,10 @@ class ToolParams(BaseModel):
     """Base for a tool's arguments: unknown keys are an error, never ignored."""
 
     model_config = ConfigDict(extra="forbid")
+    # Set by a tool source whose arguments are declared in JSON Schema rather than by
+    # pydantic fields (imported MCP tools, apps/mcp/schemas.py): the registry lists this
+    # schema as declared instead of compiling the model, and the model validates with it.
+    declared_schema: ClassVar[dict[str, Any] | None] = None
 
 
 class ToolOutput(BaseModel):

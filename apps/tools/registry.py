@@ -17,6 +17,7 @@ from apps.tools.contracts import CONSEQUENCE_LEVELS, EFFECTS, ToolContract, Tool
 from apps.tools.redaction import PathTree, RedactionError, build_tree, check_paths
 from apps.tools.schema import (
     SchemaError,
+    check_declared_input_schema,
     check_input_schema,
     check_output_schema,
     compile_model,
@@ -82,9 +83,13 @@ def check_contract(contract: ToolContract) -> RegisteredTool:
         if contract.requires_connection:
             raise refuse("runs inline, so it may not wait: it may not require a connection")
     try:
-        input_schema = compile_model(contract.params)
+        if contract.params.declared_schema is None:
+            input_schema = compile_model(contract.params)
+            check_input_schema(input_schema)
+        else:  # declared in JSON Schema (an imported tool): listed and validated as declared
+            input_schema = contract.params.declared_schema
+            check_declared_input_schema(input_schema)
         output_schema = compile_model(contract.result)
-        check_input_schema(input_schema)
         check_output_schema(output_schema)
         check_paths(contract.redaction.result, output_schema, "result")
         check_paths(contract.redaction.args, input_schema, "args")

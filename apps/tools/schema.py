@@ -5,6 +5,12 @@ scalars, enums, bounds. Composition keywords (oneOf/anyOf/allOf/not/if-then-else
 patternProperties and references are refused (seed 000, invariant 10). Optional
 fields compile to "not required" rather than `anyOf [T, null]`, and nested models
 are inlined so no `$ref` is left.
+
+That subset is for the tools toolhub writes. An imported tool's schema is the one its
+server declares (JSON Schema 2020-12, validated as such: apps/mcp/schemas.py); the rules
+here that still hold for it are check_declared_input_schema's: an object at the root, no
+`connectionId`, no reference outside the schema (nothing is ever fetched), bounded size
+and depth.
 """
 
 from __future__ import annotations
@@ -35,6 +41,14 @@ FORBIDDEN_KEYWORDS = frozenset(
     }
 )
 RESERVED_PROPERTIES = frozenset({"connectionId"})
+# A declared (imported) schema: at most this large as compact JSON, and this deeply nested.
+MAX_DECLARED_BYTES = 64 * 1024
+MAX_DECLARED_DEPTH = 32
+_REFERENCES = ("$ref", "$dynamicRef", "$recursiveRef")
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+_DATA = frozenset({"const", "enum", "default", "examples"})  # JSON values, not schemas
 
 
 class SchemaError(ValueError):
@@ -145,6 +159,66 @@ def _walk(node: Any, path: str, reserved: bool = True) -> None:
     for key in ("items", "additionalProperties", "prefixItems"):
         if key in node and not isinstance(node[key], bool):
             _walk(node[key], f"{path}.{key}", reserved)
+
+
+def check_declared_input_schema(schema: Any) -> None:
+    """Raise SchemaError unless a schema declared in JSON Schema (not compiled from a
+    model) may be listed and validated as it is: an object schema, at most
+    MAX_DECLARED_BYTES and MAX_DECLARED_DEPTH, with no `connectionId` property
+    (CONNECTION_ID_VIA_CONTEXT) and no reference outside itself (`$ref` must start with
+    `#`: toolhub never fetches a schema). The keywords themselves are the validator's."""
+    if not isinstance(schema, dict):
+        raise SchemaError("the input schema is not a JSON object")
+    if schema.get("type") != "object":
+        raise SchemaError(
+            f"the input schema's type is {json.dumps(schema.get('type'))}: tool arguments "
+            'are a JSON object, so it must be "object"'
+        )
+    _walk_declared(schema, "$", 0)
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_DECLARED_BYTES:
+        raise SchemaError(
+            f"the input schema is {size} bytes as JSON; the limit is {MAX_DECLARED_BYTES}"
+        )
+
+
+def _walk_declared(node: Any, path: str, depth: int) -> None:
+    if depth > MAX_DECLARED_DEPTH:
+        raise SchemaError(f"{path} is nested more than {MAX_DECLARED_DEPTH} levels deep")
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            _walk_declared(item, f"{path}[{index}]", depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        where = f"{path}.{key}"
+        if key in _DATA:
+            continue
+        if key in _REFERENCES:
+            if not isinstance(value, str) or not value.startswith("#"):
+                raise SchemaError(
+                    f"{where} is {json.dumps(value)[:100]}: only references inside the "
+                    "schema (starting with #) are followed; toolhub never fetches a schema"
+                )
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            if key == "properties":
+                _refuse_reserved(value, where)
+            for name, sub in value.items():  # names, then schemas: names are no keywords
+                _walk_declared(sub, f"{where}.{name}", depth + 2)
+        elif key == "required" and isinstance(value, list):
+            _refuse_reserved(value, where)
+        else:
+            _walk_declared(value, where, depth + 1)
+
+
+def _refuse_reserved(names: dict[str, Any] | list[Any], where: str) -> None:
+    clash = RESERVED_PROPERTIES.intersection(name for name in names if isinstance(name, str))
+    if clash:
+        raise SchemaError(
+            f"{where} declares {', '.join(sorted(clash))}: connections travel in the "
+            "invocation context, never in args (CONNECTION_ID_VIA_CONTEXT)"
+        )
 
 
 def schema_hash(schema: dict[str, Any]) -> str:

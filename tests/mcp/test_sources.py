@@ -243,16 +243,16 @@ def test_names_outside_the_alphabet_or_colliding_are_errors_and_nothing_is_enabl
     ) == [("mcp__names__fine_tool", False)]
 
 
-def test_a_schema_outside_the_subset_makes_the_tool_unusable_with_the_reason():
+def test_a_union_argument_is_usable_and_validated_as_its_anyof_says():
     add("schemas", f"python {SERVERS}/misbehaving.py schemas")
     union = McpTool.objects.get(tool_id="mcp__schemas__union")
-    assert "anyOf" in union.unusable_reason
+    assert union.unusable_reason == ""  # anyOf is JSON Schema: tests/mcp/test_schemas.py
     enable("mcp__schemas__union", "mcp__schemas__plain")
     agent = make_agent("acme")
     allow(agent.tenant, "mcp__schemas__union", "mcp__schemas__plain")
-    assert (
-        agent.invoke("mcp__schemas__union", args={"value": 1}).json()["errorCode"] == "unavailable"
-    )
+    assert agent.invoke("mcp__schemas__union", args={"value": "a"}).json()["ok"] is True
+    refused = agent.invoke("mcp__schemas__union", args={"value": 1.5}).json()
+    assert refused["errorCode"] == "validation" and "value: " in refused["safeMessage"]
     assert agent.invoke("mcp__schemas__plain", args={"value": 1}).json()["ok"] is True
 
 

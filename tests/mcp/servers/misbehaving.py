@@ -3,7 +3,7 @@
 Modes: well (echo, nap, freeze, crash, huge, fail, pid, protocol_error); env (its environment's
 names); vanish (a tool removed between list and call); grow (a tool added later,
 announced by list_changed); hang_start (never initialises); names (ids outside the
-alphabet, and colliding); schemas (a union type, outside the subset); v1 / v2 (the same
+alphabet, and colliding); schemas (a union type: anyOf); v1 / v2 (the same
 tool with another description).
 """
 
@@ -75,7 +75,7 @@ elif mode == "names":
 
 elif mode == "schemas":
 
-    @app.tool(description="Takes an int or a string: anyOf, outside the subset.")
+    @app.tool(description="Takes an int or a string: anyOf.")
     def union(value: int | str) -> str:
         return str(value)
 
