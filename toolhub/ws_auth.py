@@ -116,6 +116,14 @@ def _is_trusted(given: tuple[str, str, int], trusted: str) -> bool:
     return (given[0], given[2]) == (wanted[0], wanted[2]) and given[1].endswith("." + wanted[1])
 
 
+def allowed_host(scope: dict[str, Any]) -> bool:
+    """Whether the request's Host header names this server (ALLOWED_HOSTS), as Django
+    checks for its own views; ASGI apps outside Django (/mcp/) check it here."""
+    headers = dict(scope.get("headers") or [])
+    domain, _port = split_domain_port(headers.get(b"host", b"").decode("latin-1").lower())
+    return bool(domain) and validate_host(domain, allowed_hosts())
+
+
 def allowed_hosts() -> list[str]:
     hosts = list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not hosts:

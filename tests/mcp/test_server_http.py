@@ -272,3 +272,73 @@ def test_a_stopping_server_ends_its_event_streams_and_task_waits_then_exits(serv
     }
     assert ended["stream"] - stopped < 5
     assert server.process.wait(timeout=10) == 0, server.output()[-3000:]
+
+
+def test_an_unknown_tool_is_invalid_params_and_leaves_no_record(server, agent):
+    from apps.invocations.models import InvocationRecord
+
+    session = start(server, agent.key)
+    response = rpc(server, agent.key, session, "tools/call", {"name": "core__no_such_tool"})
+    assert response.status_code == 200
+    error = response.json()["error"]
+    assert error["code"] == -32602 and "Unknown tool: core__no_such_tool" in error["message"]
+    assert not InvocationRecord.objects.filter(tool_ref="core__no_such_tool").exists()
+    # A tool that exists is the runner's to answer (here: its arguments are missing).
+    known = rpc(server, agent.key, session, "tools/call", {"name": "core__get_current_time"})
+    assert "result" in known.json() and "error" not in known.json()
+
+
+@pytest.mark.parametrize("origin", [None, "http://evil.example"])
+def test_a_host_that_is_not_this_servers_is_refused_with_or_without_an_origin(
+    server, agent, origin
+):
+    headers = {"Host": "rebound.evil.example"}
+    if origin:
+        headers["Origin"] = origin
+    response = post(server, INIT, agent.key, **headers)
+    assert response.status_code == 421
+    assert response.json()["error"]["message"] == "This Host may not use /mcp/."
+    stream = httpx2.get(f"{server}/mcp/", headers=headers, timeout=10)
+    assert stream.status_code == 421
+
+
+def start_legacy(server: Server, key: str) -> str:
+    init = {**INIT, "params": {**INIT["params"], "protocolVersion": "2025-03-26"}}
+    response = post(server, init, key)
+    assert response.json()["result"]["protocolVersion"] == "2025-03-26"
+    return response.headers["mcp-session-id"]
+
+
+def test_a_2025_03_26_session_may_send_a_batch_answered_in_order(server, agent):
+    session = start_legacy(server, agent.key)
+    batch = [
+        {"jsonrpc": "2.0", "id": "a", "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "nope"}},
+        {"jsonrpc": "2.0", "id": "d", "method": "initialize", "params": INIT["params"]},
+        "not a message",
+    ]
+    response = post(server, batch, agent.key, **{"Mcp-Session-Id": session})
+    assert response.status_code == 200, response.text
+    answers = response.json()
+    assert [answer.get("id") for answer in answers] == ["a", "b", "c", "d", None]
+    assert answers[0]["result"] == {}
+    assert "tools" in answers[1]["result"]
+    assert answers[2]["error"]["code"] == -32602
+    assert answers[3]["error"]["code"] == -32600  # initialize may not be batched
+    assert answers[4]["error"]["code"] == -32600
+    only_notices = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    quiet = post(server, only_notices, agent.key, **{"Mcp-Session-Id": session})
+    assert quiet.status_code == 202 and quiet.content == b""
+    empty = post(server, [], agent.key, **{"Mcp-Session-Id": session})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == -32600
+
+
+def test_a_batch_outside_a_2025_03_26_session_is_refused(server, agent):
+    ping = [{"jsonrpc": "2.0", "id": 1, "method": "ping"}]
+    newer = start(server, agent.key)
+    for headers in ({"Mcp-Session-Id": newer}, {}):
+        response = post(server, ping, agent.key, **headers)
+        assert response.status_code == 400
+        assert "2025-03-26" in response.json()["error"]["message"]

@@ -24,6 +24,8 @@ from apps.mcp.server import tools
 from apps.mcp.server.sessions import Session
 from apps.policies.policy import catalog
 from apps.tenants.callers import Caller
+from apps.tools import sources
+from apps.tools.models import Tool
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -36,6 +38,8 @@ INTERNAL_ERROR = -32603
 # spoken: `server/discover` is answered "method not found", and clients fall back.
 PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 LATEST = PROTOCOL_VERSIONS[-1]
+# JSON-RPC batches are part of this revision only (2025-06-18 removed them).
+BATCH_VERSION = "2025-03-26"
 # MCP tasks exist in this revision only: a `tools/call` with `params.task` becomes a task
 # whose id is the invocation id, so a held call can be awaited until it is decided.
 TASKS_VERSION = "2025-11-25"
@@ -123,6 +127,9 @@ def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[
         raise RpcError(INVALID_PARAMS, "params.arguments must be an object.")
     if not isinstance(meta, dict):
         raise RpcError(INVALID_PARAMS, "params._meta must be an object.")
+    if not known_tool(name):
+        # A protocol error, as the spec has it for an unknown tool: no call, no record.
+        raise RpcError(INVALID_PARAMS, f"Unknown tool: {name[:140]}. tools/list names the tools.")
     try:
         request = InvocationRequest(
             tool_id=name,
@@ -143,6 +150,13 @@ def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[
         # The call runs (or is held) now; the task is its record, polled by tasks/get.
         return {"task": task_of(runner.invoke(caller, request))}
     return call_result(runner.invoke(caller, request))
+
+
+def known_tool(tool_id: str) -> bool:
+    """Whether a tool of that id exists and is provided (runner step 1's "There is no
+    tool" otherwise); a disabled or forbidden tool is known, and the runner answers it."""
+    tool = Tool.objects.current(tool_id)
+    return tool is not None and tool.available and sources.get_tool(tool_id) is not None
 
 
 def task_record(caller: Caller, params: dict[str, Any]) -> InvocationRecord:

@@ -35,7 +35,7 @@ from apps.tenants.callers import Caller
 from apps.tenants.models import ApiKey
 from toolhub import draining, json_input
 from toolhub.limits import Receive, Scope, Send
-from toolhub.ws_auth import allowed_origin
+from toolhub.ws_auth import allowed_host, allowed_origin
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ SESSION_HEADER = b"mcp-session-id"
 VERSION_HEADER = b"mcp-protocol-version"
 # A comment line on idle streams, so proxies keep them open and a gone client is noticed.
 KEEPALIVE_S = 15.0
+# Messages in one 2025-03-26 batch: each may run a tool, and the request holds until all end.
+MAX_BATCH = 32
 
 
 @dataclass
@@ -68,6 +70,11 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
+        if not allowed_host(scope):
+            # DNS rebinding without an Origin (a non-browser client, or a browser that
+            # sent none): a name that is not this server's may not reach it.
+            await _send(send, _refusal(421, "This Host may not use /mcp/."))
+            return
         origin = _header(scope, b"origin")
         if origin is not None and not allowed_origin(scope, origin):
             # DNS rebinding: a page of another site must not reach a local server.
@@ -102,9 +109,36 @@ class McpEndpoint:
         except json_input.JsonInputError as exc:
             return Reply(400, rpc_error(None, methods.PARSE_ERROR, f"Parse error. {exc}"))
         if isinstance(message, list):
-            return Reply(
-                400, rpc_error(None, methods.INVALID_REQUEST, "Send one message per request.")
+            return await self.batch(scope, receive, key, message)
+        return await self.one(scope, receive, key, message)
+
+    async def batch(self, scope: Scope, receive: Receive, key: ApiKey, batch: list[Any]) -> Reply:
+        """A JSON-RPC batch, in a session of the one revision that has them (2025-03-26):
+        each message answered as if sent alone, in order; the answers in one array (202
+        when there is none: only notifications). `initialize` may not be batched."""
+        session_id = _header(scope, SESSION_HEADER)
+        session = Session.find(session_id, key.pk) if session_id else None
+        if session is None or session.protocol_version != methods.BATCH_VERSION:
+            detail = (
+                "Send one message per request (batches are part of protocol "
+                f"{methods.BATCH_VERSION} only, in a session that negotiated it)."
             )
+            return Reply(400, rpc_error(None, methods.INVALID_REQUEST, detail))
+        if not batch or len(batch) > MAX_BATCH:
+            detail = f"A batch holds 1 to {MAX_BATCH} messages."
+            return Reply(400, rpc_error(None, methods.INVALID_REQUEST, detail))
+        answers = []
+        for message in batch:
+            if isinstance(message, dict) and message.get("method") == "initialize":
+                detail = "initialize may not be part of a batch."
+                answers.append(rpc_error(message.get("id"), methods.INVALID_REQUEST, detail))
+                continue
+            reply = await self.one(scope, receive, key, message)
+            if reply.body is not None:
+                answers.append(reply.body)
+        return Reply(200, answers) if answers else Reply(202)
+
+    async def one(self, scope: Scope, receive: Receive, key: ApiKey, message: Any) -> Reply:
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             return Reply(
                 400, rpc_error(None, methods.INVALID_REQUEST, "Not a JSON-RPC 2.0 message.")
