@@ -64,13 +64,32 @@ def _compiled(expression: str) -> Condition | str:
     return Condition(program, bounded)
 
 
-def holds(expression: str, variables: dict[str, Any]) -> bool:
+class CallBudget:
+    """The steps the rules evaluated for one call may take together (cost.CALL_LIMIT):
+    each rule is bounded when saved, and this bounds how many of them a call pays for."""
+
+    def __init__(self, limit: float = cost.CALL_LIMIT) -> None:
+        self.left = limit
+
+    def spend(self, steps: float) -> None:
+        if steps > self.left:
+            raise ConditionError(
+                "the rules that apply to this call would together take more than "
+                f"{cost.steps(cost.CALL_LIMIT)} steps (about {cost.ms(cost.CALL_LIMIT)}) to "
+                "evaluate; a tenant admin must make them fewer or cheaper"
+            )
+        self.left -= steps
+
+
+def holds(expression: str, variables: dict[str, Any], budget: CallBudget | None = None) -> bool:
     condition = compile_condition(expression)
     chosen = condition.cost.variables(variables)
     try:
-        condition.cost.check(chosen)
+        steps = condition.cost.check(chosen)
     except cost.TooExpensive as exc:
         raise ConditionError(f"The condition is too expensive for this call: {exc}.") from None
+    if budget is not None:
+        budget.spend(steps)
     program = condition.program
     try:
         value = program.execute(chosen)

@@ -49,6 +49,9 @@ from apps.policies import patterns, syntax
 
 STEP_US = 0.25
 LIMIT = 4_000  # steps per evaluation: about 1 ms
+# Steps all the rules evaluated for one call may take together (about 2 ms): however many
+# rules a tenant admin saves, one call holds the interpreter no longer than this.
+CALL_LIMIT = 2 * LIMIT
 PER_VALUE_LIMIT = 125  # steps per value of the arguments read: 32 values fit in LIMIT
 PER_CHAR_LIMIT = 4  # steps per character of the arguments read: 1,000 characters fit
 ARGS_BYTES = 8 * 1024  # the runner's MAX_ARGS_BYTES (apps/invocations/requests.py)
@@ -391,10 +394,11 @@ class Cost:
             chosen["args"] = prune(chosen["args"], self.args)
         return chosen
 
-    def check(self, chosen: dict[str, Any]) -> None:
-        """Refuses when converting `chosen` (from `variables`) and evaluating cost too much."""
+    def check(self, chosen: dict[str, Any]) -> float:
+        """The steps converting `chosen` (from `variables`) and evaluating take; refuses
+        when that is over LIMIT."""
         if "args" not in chosen:
-            return  # the cost is constant, and was checked at save
+            return self.evaluation.at(0, 0)  # constant, and checked at save
         converting, values, chars = measure(chosen["args"], LIMIT)
         total = converting + self.evaluation.at(values, chars)
         if total > LIMIT:
@@ -404,6 +408,7 @@ class Cost:
                 f"{steps(total)} steps to convert and evaluate; the limit is {LIMIT:,} (about "
                 f"{ms(LIMIT)})"
             )
+        return total
 
 
 # ---------------------------------------------------------------- the analysis

@@ -127,10 +127,11 @@ class Evaluator:
                 candidates.append(
                     (Outcome.ALLOW, policy.label, f"Allowed by policy {policy.name!r}.")
                 )
+        budget = conditions.CallBudget()
         for _, rules in self._rules:
             for rule in rules:
                 if rule.matches(tool):
-                    verdict = self._apply(rule, tool, args, run_id)
+                    verdict = self._apply(rule, tool, args, run_id, budget)
                     if verdict is not None:
                         candidates.append(verdict)
         if not any(outcome != Outcome.DENY for outcome, _, _ in candidates):
@@ -141,7 +142,12 @@ class Evaluator:
         return Decision(outcome, label, reason, _budgets(admitting), _terms(admitting))  # type: ignore[arg-type]
 
     def _apply(
-        self, rule: PolicyRule, tool: Tool, args: dict[str, Any] | None, run_id: str
+        self,
+        rule: PolicyRule,
+        tool: Tool,
+        args: dict[str, Any] | None,
+        run_id: str,
+        budget: conditions.CallBudget,
     ) -> tuple[str, str, str] | None:
         if args is None:
             # Catalog time: an allow rule may admit the tool for some arguments;
@@ -160,7 +166,7 @@ class Evaluator:
             "runId": run_id,
         }
         try:
-            holds = conditions.holds(rule.condition, variables)
+            holds = conditions.holds(rule.condition, variables, budget)
         except conditions.ConditionError as exc:
             reason = f"{rule.name} could not be evaluated, so the call is denied: {exc}"
             return (Outcome.DENY, rule.label, reason)

@@ -296,3 +296,25 @@ def test_a_call_whose_arguments_are_too_large_for_a_rule_is_denied_and_a_small_o
     code, message = failure(caller.invoke(ECHO, args={"text": "hello " * 1300}))
     assert code == "policy_denied"
     assert "too expensive for this call: the call's arguments are too large" in message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_rules_each_under_the_cap_cannot_together_hold_a_call_past_its_budget(caller):
+    """Each rule is bounded when saved; a tenant admin who saves many of them still cannot
+    make one call hold the interpreter past cost.CALL_LIMIT: the call is denied instead."""
+    from apps.policies.cost import CALL_LIMIT, analyse
+
+    policy = Policy.objects.get(tenant=caller.tenant, name="echo")
+    costly = nested(2, "[" + ",".join(str(i) for i in range(40)) + "]")
+    each = analyse(costly).worst()
+    assert each < CALL_LIMIT < 3 * each
+    for _ in range(3):
+        rule = PolicyRule(policy=policy, condition=costly, outcome=Outcome.DENY, tool_pattern=ECHO)
+        rule.full_clean()  # each one is accepted
+        rule.save()
+    code, message = failure(caller.invoke(ECHO, args={"text": "hi"}))
+    assert code == "policy_denied"
+    assert "would together take more than" in message
+    # Two of them fit in the budget: the call goes on (the rules do not hold).
+    PolicyRule.objects.filter(policy=policy, condition=costly).first().delete()
+    assert ok_result(caller.invoke(ECHO, args={"text": "hi"})) == {"text": "hi"}
