@@ -20,7 +20,7 @@ from tests.support.server import Server, daphne
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 
-INIT = {
+INIT: dict[str, Any] = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",
