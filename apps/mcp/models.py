@@ -114,6 +114,17 @@ class McpServer(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """The runner times a call by its catalog row (Tool.timeout_ms), which discovery
+        copies from the server: a changed timeout is copied to its tools' rows here, so
+        the next call has it without waiting for a re-sync."""
+        super().save(*args, **kwargs)
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or "timeout_ms" in update_fields:
+            Tool.objects.filter(mcp__server=self).exclude(timeout_ms=self.timeout_ms).update(
+                timeout_ms=self.timeout_ms
+            )
+
     def clean(self) -> None:
         if self.transport == Transport.HTTP:
             if not self.url or self.command:

@@ -6,11 +6,27 @@ task, so each session lives in a task of its own until it is closed. Django code
 (the runner's worker threads, sync commands) submits coroutines to that loop and
 waits with a deadline; a hanging server costs the caller its timeout, never more.
 
+Starting a session (a stdio process spawned and initialised, an HTTP server's
+initialize) has its own bound, START_S, not the caller's: a call whose deadline passes
+while the server starts fails alone, and the start goes on for the next call; a sync
+waits for the start, then gives the listing the server's timeout.
+
 A session that fails (process exited, connection refused, protocol garbage) is
 dropped; the next call starts a fresh one: stdio processes are restarted, HTTP
-sessions re-initialised. A call that times out (or is cancelled) fails alone: other
-calls may share its session, so the session is pinged, and dropped only if the server
-does not answer within PING_S (it hangs as a whole, not just that tool).
+sessions re-initialised. A stdio process that exits between calls is noticed when its
+output ends, so the next call starts it again instead of failing on the old session.
+A call that times out (or is cancelled) fails alone: other calls may share its
+session, so the session is pinged, and dropped only if the server does not answer
+within PING_S (it hangs as a whole, not just that tool).
+
+An HTTP server that lost a session (it restarted, or ended the session) answers the
+requests naming it with 404, before it runs them (MCP streamable HTTP, "Session
+Management"): the request is sent once more, on a new session. It is the only request
+ever sent twice; one the server may have received (the connection broke, the process
+died mid-call) fails as `unavailable` and is never re-sent. A 400 is not that signal
+(the spec's answer to a request without a session id): the call fails with the
+server's message, not re-sent, but the next call starts a new session, for servers
+that answer a session they lost with 400.
 
 A remote server's answer is read up to MAX_MESSAGE_BYTES, one JSON body or one SSE
 event: a larger one fails its call (AnswerTooLarge) before it is held in memory whole,
@@ -22,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -33,6 +50,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx2
 from mcp import types
 from mcp.client.session import ClientSession
@@ -70,6 +88,10 @@ class ServerTimeout(Exception):
 
 class AnswerTooLarge(RemoteError):
     """The server's answer to this request passed MAX_MESSAGE_BYTES; it was not read whole."""
+
+
+class _SessionGone(Exception):
+    """The server answered 404 for the session: it did not run the request."""
 
 
 # One answer of a remote (HTTP) server: a JSON body, or one event of an SSE stream.
@@ -132,6 +154,26 @@ def _http_client(headers: dict[str, str], allow_private: bool) -> httpx2.AsyncCl
 # After a call timed out: how long the server has to answer a ping before its session
 # (and every call still waiting on it) is dropped.
 PING_S = 2.0
+# How long a server has to start: a stdio process to spawn and answer `initialize`, an
+# HTTP server to answer `initialize`. The caller's deadline does not cut it short.
+START_S = 30.0
+
+
+@dataclass
+class _Attempt:
+    """One attempt of one request. The SDK sends a request's POST in its caller's context
+    (mcp.shared._context_streams), so the response hook can mark whose request the server
+    answered with an HTTP error, and whether it was 404 for the session: that one never
+    ran. (An error the server answered is its own, whatever its JSON-RPC code: the SDK
+    gives a closed connection -32000 too, a code servers use for errors of their own.)"""
+
+    http_error: int | None = None
+    session_gone: bool = False
+
+
+_current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
+    "mcp_current_attempt", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -162,19 +204,29 @@ class _Session:
         self.refused: int | None = None  # an HTTP 401/403 seen while starting
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.closing = asyncio.Event()
+        # Retired: no new call uses it; it closes when the last call on it is done.
+        self.retired = False
+        self.users = 0
         self._on_list_changed = on_list_changed
-        self.task = asyncio.get_running_loop().create_task(self._own())
+        # Its own context: what the session sends of itself is no call's attempt.
+        self.task = asyncio.get_running_loop().create_task(
+            self._own(), context=contextvars.Context()
+        )
         # A failed start nobody waits for any more is not an unhandled error.
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _own(self) -> None:
+        starting = asyncio.timeout(START_S)
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
-                session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._incoming)
-                )
-                await session.initialize()
+                async with starting:
+                    read, write = await stack.enter_async_context(self._transport())
+                    session = await stack.enter_async_context(
+                        ClientSession(
+                            _ReadUntilEnd(read, self.closing), write, message_handler=self._incoming
+                        )
+                    )
+                    await session.initialize()
                 self.ready.set_result(session)
                 await self.closing.wait()
         except BaseException as exc:  # any failure ends this session only
@@ -187,6 +239,10 @@ class _Session:
                         "the server refused the request: it needs your tenant's credentials; "
                         "ask a tenant admin to add them"
                     )
+                elif starting.expired():
+                    reason = f"the server did not start within {START_S:g} s"
+                    for_agent = "the server did not start in time"
+                    logger.info("MCP server %s: %s", self.endpoint.server, reason)
                 else:
                     logger.info("MCP server %s did not start: %r", self.endpoint.server, exc)
                 self.ready.set_exception(ServerUnavailable(reason, for_agent))
@@ -201,14 +257,26 @@ class _Session:
             params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
             return stdio_client(params, errlog=_DEVNULL)
         client = _http_client(dict(endpoint.headers), endpoint.allow_private)
-        client.event_hooks["response"].append(self._note_refusal)
+        client.event_hooks["response"].append(self._note_status)
         return _http(endpoint.url, client)
 
-    async def _note_refusal(self, response: Any) -> None:
-        """The SDK turns any HTTP error into one generic message; keep 401/403 apart so a
-        server that needs credentials says so."""
-        if response.status_code in (401, 403) and not self.ready.done():
-            self.refused = response.status_code
+    async def _note_status(self, response: Any) -> None:
+        """The SDK turns any HTTP error into one generic message: keep apart a 401/403
+        while starting (the server needs credentials), an error answered to a call's POST,
+        and a 404 or 400 to a request that named the session (see the module docstring)."""
+        status = response.status_code
+        if status in (401, 403) and not self.ready.done():
+            self.refused = status
+        if status < 400 or response.request.method != "POST":
+            return
+        attempt = _current_attempt.get()
+        if attempt is not None:
+            attempt.http_error = status
+        if status in (400, 404) and _SESSION_HEADER in response.request.headers:
+            logger.info("MCP server %s answered %d for its session", self.endpoint.server, status)
+            self.retire()
+            if attempt is not None and status == 404:
+                attempt.session_gone = True
 
     async def _incoming(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -216,7 +284,19 @@ class _Session:
 
     @property
     def alive(self) -> bool:
-        return not self.closing.is_set()
+        return not self.closing.is_set() and not self.retired
+
+    def retire(self) -> None:
+        """No new call uses this session (the next one starts another)."""
+        self.retired = True
+        if not self.users:
+            self.closing.set()
+
+    def release(self) -> None:
+        """A call on this session is done."""
+        self.users -= 1
+        if self.retired and not self.users:
+            self.closing.set()
 
     async def close(self) -> None:
         self.closing.set()
@@ -224,6 +304,48 @@ class _Session:
             await asyncio.wait_for(asyncio.shield(self.task), 0.2)
         if not self.task.done():
             self.task.cancel()
+
+
+_SESSION_HEADER = "mcp-session-id"
+
+
+class _ReadUntilEnd:
+    """The transport's read stream, which ends the session when it ends: a stdio server
+    that exited (its output closed) is restarted by the next call, instead of that call
+    failing on a session that can no longer answer."""
+
+    def __init__(self, inner: Any, ended: asyncio.Event) -> None:
+        self.inner = inner
+        self.ended = ended
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self.inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            return await self.inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.ended.set()
+            raise
+
+    def __aiter__(self) -> _ReadUntilEnd:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _ReadUntilEnd:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -295,76 +417,105 @@ class Pool:
             future.cancel()
             raise ServerTimeout from None
 
-    async def _session(self, endpoint: Endpoint) -> ClientSession:
+    def _live(self, endpoint: Endpoint) -> _Session:
+        """The endpoint's session, started now if there is none fit for a new call."""
         live = self._sessions.get(endpoint.key)
         if live is None or not live.alive:
             live = _Session(endpoint, self._list_changed)
             self._sessions[endpoint.key] = live
+        return live
+
+    async def _started(self, live: _Session) -> ClientSession:
+        """`live`'s session once started (a start bounded by START_S)."""
         try:
             return await asyncio.shield(live.ready)
         except ServerUnavailable:
-            self._sessions.pop(endpoint.key, None)
+            self._forget(live)
             raise
 
     def _list_changed(self, endpoint: Endpoint) -> None:
         threading.Thread(target=self.list_changed, args=(endpoint,), daemon=True).start()
 
-    async def _drop(self, endpoint: Endpoint) -> None:
-        live = self._sessions.pop(endpoint.key, None)
-        if live is not None:
-            await live.close()
+    def _forget(self, live: _Session) -> None:
+        """Take `live` out of the pool (unless another session already replaced it)."""
+        if self._sessions.get(live.endpoint.key) is live:
+            del self._sessions[live.endpoint.key]
+
+    async def _drop(self, live: _Session) -> None:
+        self._forget(live)
+        await live.close()
 
     async def _guarded(self, endpoint: Endpoint, action: Callable[[ClientSession], Any]) -> Any:
-        """`action` on a live session; a failure drops the session, a cancellation (a
-        timeout) only if the server does not answer a ping either."""
+        """`action` on a live session, sent a second time only if the server refused the
+        first for a session it no longer has (404, before running it). A failure drops
+        the session; a cancellation (a timeout) only if the server does not answer a ping
+        either, and a start still under way goes on under its own bound."""
+        try:
+            return await self._once(endpoint, action)
+        except _SessionGone:
+            logger.info("MCP server %s lost the session; sending again", endpoint.server)
+        try:
+            return await self._once(endpoint, action)
+        except _SessionGone:
+            raise ServerUnavailable("the server ended the new session too") from None
+
+    async def _once(self, endpoint: Endpoint, action: Callable[[ClientSession], Any]) -> Any:
+        live = self._live(endpoint)
+        live.users += 1
+        attempt = _Attempt()
+        token = _current_attempt.set(attempt)  # the POSTs sent for `action` carry it
         session: ClientSession | None = None
         try:
-            session = await self._session(endpoint)
+            session = await self._started(live)
             return await action(session)
         except ServerUnavailable:
             raise
-        except MCPError as exc:
-            if TOO_LARGE in exc.message or _SDK_EVENT_TOO_LARGE in exc.message:
-                raise AnswerTooLarge(TOO_LARGE) from None  # only this call's answer: no drop
-            if exc.code != CONNECTION_CLOSED:
-                raise RemoteError(exc.message[:500]) from None
-            await self._drop(endpoint)
-            raise ServerUnavailable("the connection closed") from None
         except asyncio.CancelledError:
-            if session is None:
-                await self._drop(endpoint)  # it did not even start in time
-            else:
-                self._check_later(endpoint, session)
+            if session is not None and not attempt.session_gone:
+                self._check_later(live, session)
             raise
         except Exception as exc:
-            await self._drop(endpoint)
+            if attempt.session_gone:
+                raise _SessionGone from None  # whatever the SDK made of the 404
+            if isinstance(exc, MCPError):
+                if TOO_LARGE in exc.message or _SDK_EVENT_TOO_LARGE in exc.message:
+                    raise AnswerTooLarge(TOO_LARGE) from None  # only this call's answer: no drop
+                if exc.code != CONNECTION_CLOSED or attempt.http_error is not None:
+                    raise RemoteError(exc.message[:500]) from None
+                await self._drop(live)
+                raise ServerUnavailable("the connection closed") from None
+            await self._drop(live)
             logger.info("MCP server %s failed: %r", endpoint.server, exc)
             raise ServerUnavailable(_describe(exc)) from None
+        finally:
+            _current_attempt.reset(token)
+            live.release()
 
-    def _check_later(self, endpoint: Endpoint, session: ClientSession) -> None:
+    def _check_later(self, live: _Session, session: ClientSession) -> None:
         """After one call timed out: keep the session for the calls that share it if the
         server still answers, else drop it (a hung server, or a stdio process stuck)."""
-        live = self._sessions.get(endpoint.key)
-        if live is None or not live.ready.done() or live.ready.cancelled():
-            return
-        if live.ready.exception() is not None:
-            return
-        if live.ready.result() is not session:
+        if self._sessions.get(live.endpoint.key) is not live:
             return  # already replaced
 
         async def check() -> None:
             try:
                 await asyncio.wait_for(session.send_ping(), PING_S)
             except Exception:
-                if self._sessions.get(endpoint.key) is live:
-                    logger.info("MCP server %s did not answer a ping; restarting", endpoint.server)
-                    await self._drop(endpoint)
+                if self._sessions.get(live.endpoint.key) is live:
+                    logger.info(
+                        "MCP server %s did not answer a ping; restarting", live.endpoint.server
+                    )
+                    await self._drop(live)
 
-        task = asyncio.get_running_loop().create_task(check())
+        task = asyncio.get_running_loop().create_task(check(), context=contextvars.Context())
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
     def list_tools(self, endpoint: Endpoint, timeout: float) -> list[types.Tool]:
+        """Every tool the server lists, within `timeout` once it runs (a server that must
+        start first has START_S for that). A listing sent again on a new session starts
+        from its first page: a cursor means nothing to another session."""
+
         async def listing(session: ClientSession) -> list[types.Tool]:
             tools: list[types.Tool] = []
             cursor: str | None = None
@@ -377,7 +528,7 @@ class Pool:
                     break
             return tools
 
-        return self._run_guarded(endpoint, listing, timeout)
+        return self._run_guarded(endpoint, listing, timeout, start_counts=False)
 
     def call_tool(
         self,
@@ -387,10 +538,12 @@ class Pool:
         timeout: float,
         cancelled: Callable[[], bool] = lambda: False,
     ) -> types.CallToolResult:
+        """The tool's result within `timeout`, the caller's deadline, start included."""
+
         async def calling(session: ClientSession) -> types.CallToolResult:
             return await session.call_tool(name, arguments)
 
-        return self._run_guarded(endpoint, calling, timeout, cancelled)
+        return self._run_guarded(endpoint, calling, timeout, cancelled=cancelled)
 
     def _run_guarded(
         self,
@@ -398,8 +551,9 @@ class Pool:
         action: Callable[[ClientSession], Any],
         timeout: float,
         cancelled: Callable[[], bool] = lambda: False,
+        start_counts: bool = True,
     ) -> Any:
-        future = self.submit(self._bounded(endpoint, action, timeout))
+        future = self.submit(self._bounded(endpoint, action, timeout, start_counts))
         while True:
             try:
                 return future.result(timeout=0.1)
@@ -409,8 +563,14 @@ class Pool:
                     raise ServerTimeout from None
 
     async def _bounded(
-        self, endpoint: Endpoint, action: Callable[[ClientSession], Any], timeout: float
+        self,
+        endpoint: Endpoint,
+        action: Callable[[ClientSession], Any],
+        timeout: float,
+        start_counts: bool,
     ) -> Any:
+        if not start_counts:
+            await self._started(self._live(endpoint))  # bounded by START_S, not `timeout`
         try:
             return await asyncio.wait_for(self._guarded(endpoint, action), timeout)
         except TimeoutError:

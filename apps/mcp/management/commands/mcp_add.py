@@ -20,7 +20,12 @@ class Command(BaseCommand):
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--url")
         target.add_argument("--command", dest="stdio_command")
-        parser.add_argument("--timeout-ms", type=int, default=15000)
+        parser.add_argument(
+            "--timeout-ms",
+            type=int,
+            help="Timeout of each of its tools' calls and of its listing (kept as it was "
+            "when not given; new servers: 15000). Applies to the next call.",
+        )
         parser.add_argument(
             "--allow-private-network",
             action=BooleanOptionalAction,
@@ -37,7 +42,8 @@ class Command(BaseCommand):
         else:
             server.transport, server.url = Transport.STDIO, ""
             server.command = options["stdio_command"]
-        server.timeout_ms = options["timeout_ms"]
+        if options["timeout_ms"] is not None:
+            server.timeout_ms = options["timeout_ms"]
         if options["allow_private_network"] is not None:
             server.allow_private_network = options["allow_private_network"]
         try:
