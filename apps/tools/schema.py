@@ -76,9 +76,6 @@ def _inline_refs(node: Any, defs: dict[str, Any], seen: tuple[str, ...] = ()) ->
     return node
 
 
-inline_refs = _inline_refs  # also used for imported MCP schemas (apps/mcp/schemas.py)
-
-
 def _drop_noise(node: Any) -> Any:
     """Remove pydantic's generated titles and `default: null` (the key is simply optional)."""
     if isinstance(node, list):

@@ -185,6 +185,8 @@ def test_a_type_list_with_object_at_the_root_becomes_object():
         ("not a schema", "not a JSON object"),
         (True, "not a JSON object"),
         ({"type": "object", "properties": {"v": {"type": "strng"}}}, "$.properties.v.type"),
+        ({"type": "object", "properties": ["v"]}, '$.properties: ["v"] is not of type "object"'),
+        ({"type": "object", "required": "v"}, '$.required: "v" is not of type "array"'),
         ({"$schema": "https://schemas.example/meta", "type": "object"}, "Unknown meta-schema"),
         (
             {"type": "object", "properties": {"v": {"$ref": "https://schemas.example/v.json"}}},
