@@ -324,10 +324,12 @@ class _ReadUntilEnd:
 
     async def receive(self) -> Any:
         try:
-            return await self.inner.receive()
+            item = await self.inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.ended.set()
             raise
+        _object_schemas(item)
+        return item
 
     def __aiter__(self) -> _ReadUntilEnd:
         return self
@@ -346,6 +348,23 @@ class _ReadUntilEnd:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _object_schemas(item: Any) -> None:
+    """A listed tool whose inputSchema names no type gets `"type": "object"`, in place.
+
+    The SDK refuses a whole `tools/list` answer when one tool's schema lacks it, so one
+    tool declared as `inputSchema: {}` (any object, as JSON Schema reads it) made a sync
+    fail without naming the tool. toolhub reads such a schema as an object schema anyway
+    (apps/mcp/schemas.py); any other problem of a schema stays the tool's own."""
+    result = getattr(getattr(item, "message", None), "result", None)
+    tools = result.get("tools") if isinstance(result, dict) else None
+    if not isinstance(tools, list):
+        return
+    for tool in tools:
+        schema = tool.get("inputSchema") if isinstance(tool, dict) else None
+        if isinstance(schema, dict) and "type" not in schema:
+            schema["type"] = "object"
 
 
 @contextlib.asynccontextmanager
