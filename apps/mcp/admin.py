@@ -18,6 +18,21 @@ from apps.mcp import discovery
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
 from apps.mcp.sessions import pool
 from apps.tenants.admin import SuperusersOnly
+from apps.tools.models import Effect
+
+
+def effect_from_hints(annotations: dict[str, Any]) -> str:
+    """The effect a server's hints claim, by the mapping toolhub's own hints use in
+    reverse (apps/mcp/server/tools.py `hints`): readOnlyHint true is read_only; else an
+    explicit openWorldHint false (the tool changes only the system it serves) is
+    state_change; else, openWorldHint true or left out (MCP's default), it is
+    external_side_effect. destructiveHint and idempotentHint do not change the effect
+    (destructiveness is the consequence level, which stays the admin's)."""
+    if annotations.get("readOnlyHint") is True:
+        return Effect.READ_ONLY
+    if annotations.get("openWorldHint") is False:
+        return Effect.STATE_CHANGE
+    return Effect.EXTERNAL_SIDE_EFFECT
 
 
 class CredentialInline(admin.TabularInline[McpServerCredential, McpServer]):
@@ -67,8 +82,9 @@ class McpServerAdmin(SuperusersOnly):
 
 @admin.register(McpTool)
 class McpToolAdmin(SuperusersOnly):
-    """What an admin decides about an imported tool: its effect (never the server's hint),
-    consequence, confirmation, and whether to accept a changed description or schema."""
+    """What an admin decides about an imported tool: its effect (the server's hints only
+    when an admin applies them, row by row), consequence, confirmation, and whether to
+    accept a changed description or schema."""
 
     list_display = ("tool", "server", "effect", "enabled", "usable", "change_pending")
     list_filter = ("server", "effect")
@@ -81,7 +97,7 @@ class McpToolAdmin(SuperusersOnly):
         "tool", "server", "remote_name", "description", "annotations_hint", "unusable_reason",
         "pending_since", "change_diff", "input_schema",
     )  # fmt: skip
-    actions = ("accept_change",)
+    actions = ("accept_change", "apply_server_hints")
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
         return False  # imported by discovery only
@@ -115,3 +131,19 @@ class McpToolAdmin(SuperusersOnly):
         for row in queryset.select_related("tool", "server"):
             discovery.accept_change(row)
         self.message_user(request, "Accepted.", messages.SUCCESS)
+
+    @admin.action(description="Apply the server's hints as the effect")
+    def apply_server_hints(self, request: HttpRequest, queryset: QuerySet[McpTool]) -> None:
+        """Only the selected rows, never on sync: hints are the server's claim."""
+        changed = []
+        for row in queryset.select_related("tool", "server"):
+            effect = effect_from_hints(row.annotations or {})
+            if effect == row.effect:
+                continue
+            changed.append(f"{row.tool_id}: {row.effect} → {effect}")
+            row.effect = effect
+            discovery.apply_to_catalog(row)
+        if changed:
+            self.message_user(request, "Effect changed: " + "; ".join(changed), messages.SUCCESS)
+        else:
+            self.message_user(request, "Nothing changed: the effects already match the hints.")

@@ -206,6 +206,8 @@ def _scrubbed(scrubber: Scrubber, tool: Any) -> Any:
     changes: dict[str, Any] = {}
     if tool.description:
         changes["description"] = scrubber.text(tool.description)
+    if getattr(tool, "title", None):
+        changes["title"] = scrubber.text(tool.title)
     if isinstance(tool.input_schema, dict):
         changes["input_schema"] = scrubber.scrub(tool.input_schema)
     if tool.annotations is not None:
@@ -229,6 +231,11 @@ def _import_one(
         if declared.annotations is not None
         else {}
     )
+    # The server's title for clients of /mcp/: the tool's `title`, which MCP shows before
+    # `annotations.title`, is kept in the annotations (both are the server's words).
+    title = getattr(declared, "title", None) or annotations.get("title")
+    if title:
+        annotations["title"] = title
     digest = tool_hash(description, schema)
     row = (
         McpTool.objects.select_related("tool")

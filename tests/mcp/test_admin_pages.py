@@ -99,3 +99,31 @@ def test_an_admin_sets_the_effect_that_the_catalog_and_policy_use(root_client):
         "low",
         False,
     )
+
+
+def test_applying_the_servers_hints_sets_the_effect_of_the_selected_rows_only(root_client):
+    add("shapes", f"python {SERVERS}/shapes.py")
+    rows = {row.remote_name: row for row in McpTool.objects.all()}
+    assert {row.effect for row in rows.values()} == {"external_side_effect"}  # never on sync
+    chosen = [rows["snapshot"].pk, rows["tidy"].pk, rows["plain"].pk]
+    response = root_client.post(
+        reverse("admin:mcp_mcptool_changelist"),
+        {"action": "apply_server_hints", "_selected_action": chosen[:2]},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "mcp__shapes__snapshot: external_side_effect → read_only" in page
+    assert "mcp__shapes__tidy: external_side_effect → state_change" in page
+    assert "mcp__shapes__plain" not in page.split("Effect changed:")[1].split("</li>")[0]
+    effects = dict(Tool.objects.filter(pk__startswith="mcp__shapes__").values_list("pk", "effect"))
+    assert effects == {
+        "mcp__shapes__snapshot": "read_only",  # readOnlyHint true
+        "mcp__shapes__tidy": "state_change",  # openWorldHint false
+        "mcp__shapes__plain": "external_side_effect",  # not selected
+    }
+    again = root_client.post(
+        reverse("admin:mcp_mcptool_changelist"),
+        {"action": "apply_server_hints", "_selected_action": chosen},
+        follow=True,
+    )
+    assert "Nothing changed" in again.content.decode()  # plain declares nothing: the default

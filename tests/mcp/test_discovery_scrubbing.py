@@ -103,6 +103,8 @@ def test_a_servers_listing_is_scrubbed_of_the_credential_it_was_listed_with(leak
     assert schema["properties"]["mode"]["enum"] == ["plain", "with-token"]  # no secret
     assert described["leaky_title"].annotations["title"] == "Title [redacted]"
     assert described["leaky_title"].annotations["readOnlyHint"] is True
+    # The tool's own title is kept (for /mcp/ clients) beside its hints, scrubbed too.
+    assert described["leaky_tool_title"].annotations["title"] == "Shown as [redacted]"
     # The tool named with the token: not imported, and the report does not repeat its name.
     assert not [name for name in described if name.startswith("tool_")]
     assert "a tool whose name contains the listing credential is not imported" in (

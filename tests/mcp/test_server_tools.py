@@ -58,3 +58,26 @@ def test_pages_continue_after_the_last_id_even_when_the_catalog_changes_between_
 def test_it_refuses_a_cursor_it_did_not_hand_out(cursor):
     with pytest.raises(tools.BadCursor):
         tools.page([(tool("a"), ALLOWED)], cursor, 2)
+
+
+def test_an_imported_tool_shows_its_servers_title_and_hints_and_the_specs_defaults():
+    imported = tool("mcp__s__t", "external_side_effect", "medium")
+    declared = {"title": "Look around", "readOnlyHint": True, "openWorldHint": False}
+    entry = tools.mcp_tool(imported, ALLOWED, declared)
+    assert entry["title"] == "Look around"
+    assert entry["annotations"] == {
+        "title": "Look around",
+        "readOnlyHint": True,
+        "destructiveHint": True,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    }
+    assert entry["_meta"]["toolhub/effect"] == "external_side_effect"
+    bare = tools.mcp_tool(imported, ALLOWED, {})
+    assert bare["title"] == "Mcp__S__T"
+    assert bare["annotations"]["openWorldHint"] is True
+
+
+def test_a_built_in_tool_keeps_the_hints_of_its_effect():
+    entry = tools.mcp_tool(tool("a", "read_only"), ALLOWED)
+    assert entry["annotations"] == tools.hints(tool("a", "read_only"))

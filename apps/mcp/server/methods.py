@@ -207,7 +207,9 @@ def task_result(caller: Caller, params: dict[str, Any]) -> dict[str, Any] | None
     if record.status not in FINISHED:
         return None
     result = call_result(record)
-    result["_meta"] = {"io.modelcontextprotocol/related-task": {"taskId": str(record.pk)}}
+    result.setdefault("_meta", {})["io.modelcontextprotocol/related-task"] = {
+        "taskId": str(record.pk)
+    }
     return result
 
 
@@ -228,10 +230,35 @@ def call_result(record: InvocationRecord) -> dict[str, Any]:
         text = f"The call is still running: invocationId {body['invocationId']}."
         return _result(text, body, is_error=False)
     if record.ok:
+        passed = _imported_result(record, body)
+        if passed is not None:
+            return passed
         text = json.dumps(body.get("result"), cls=DjangoJSONEncoder)
         return _result(text, body, is_error=False)
     text = f"{body.get('errorCode')}: {body.get('safeMessage', '')}"
     return _result(text, body, is_error=True)
+
+
+def _imported_result(record: InvocationRecord, body: dict[str, Any]) -> dict[str, Any] | None:
+    """An imported tool's answer as its server sent it (after redaction, as recorded): its
+    content blocks (text, image, audio, resource links, resources), its structuredContent
+    when it had one, and isError; toolhub's record goes to `_meta["toolhub/invocation"]`,
+    where a client still finds the invocation. None when the result is not that shape."""
+    result = body.get("result")
+    if not record.tool_ref.startswith("mcp__") or not isinstance(result, dict):
+        return None
+    content = result.get("content")
+    if not isinstance(content, list):
+        return None
+    record_body = {key: value for key, value in body.items() if key != "result"}
+    passed: dict[str, Any] = {
+        "content": content,
+        "isError": bool(result.get("isError", False)),
+        "_meta": {"toolhub/invocation": record_body},
+    }
+    if isinstance(result.get("structuredContent"), dict):
+        passed["structuredContent"] = result["structuredContent"]
+    return passed
 
 
 def _result(text: str, body: dict[str, Any], *, is_error: bool) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""The caller's catalog as MCP tools: same ids as REST, annotations from the effect."""
+"""The caller's catalog as MCP tools: same ids as REST.
+
+A built-in tool's annotations are derived from its effect. An imported tool shows what its
+server declared (title and hints, as MCP clients expect to see them); toolhub's own
+judgement of every tool is in `_meta` (`toolhub/effect`, ...), which is what policy uses.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,18 @@ import base64
 import binascii
 from typing import Any
 
+from apps.mcp.models import McpTool
 from apps.policies.policy import Decision
-from apps.tools.models import ConsequenceLevel, Effect, Tool
+from apps.tools.models import ConsequenceLevel, Effect, Source, Tool
+
+# MCP's defaults for hints a server leaves out (ToolAnnotations in the spec): a tool that
+# says nothing may write, destroy, repeat differently and reach the open world.
+SPEC_HINTS = {
+    "readOnlyHint": False,
+    "destructiveHint": True,
+    "idempotentHint": False,
+    "openWorldHint": True,
+}
 
 
 class BadCursor(Exception):
@@ -31,13 +46,30 @@ def hints(tool: Tool) -> dict[str, Any]:
     }
 
 
-def mcp_tool(tool: Tool, decision: Decision) -> dict[str, Any]:
+def declared_hints(tool: Tool, declared: dict[str, Any]) -> dict[str, Any]:
+    """An imported tool's hints as its server declared them (McpTool.annotations, which
+    also keeps its title), the spec's defaults for those it left out."""
+    title = declared.get("title")
+    annotations: dict[str, Any] = {
+        "title": title if isinstance(title, str) and title else tool.name
+    }
+    for key, default in SPEC_HINTS.items():
+        value = declared.get(key)
+        annotations[key] = value if isinstance(value, bool) else default
+    return annotations
+
+
+def mcp_tool(
+    tool: Tool, decision: Decision, declared: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`declared`: an imported tool's McpTool.annotations (None for a built-in tool)."""
+    annotations = hints(tool) if declared is None else declared_hints(tool, declared)
     return {
         "name": tool.id,
-        "title": tool.name,
+        "title": annotations["title"],
         "description": tool.description,
         "inputSchema": tool.input_schema,
-        "annotations": hints(tool),
+        "annotations": annotations,
         "_meta": {
             "toolhub/effect": tool.effect,
             "toolhub/consequenceLevel": tool.consequence_level,
@@ -57,7 +89,17 @@ def page(
     chosen = rest[:size]
     more = len(rest) > size
     next_cursor = _encode(chosen[-1][0].id) if more and chosen else None
-    return [mcp_tool(t, d) for t, d in chosen], next_cursor
+    imported = [t.id for t, _ in chosen if t.source == Source.MCP]
+    declared: dict[str, dict[str, Any]] = (
+        dict(McpTool.objects.filter(tool_id__in=imported).values_list("tool_id", "annotations"))
+        if imported
+        else {}
+    )
+    listed = [
+        mcp_tool(t, d, declared.get(t.id, {}) if t.source == Source.MCP else None)
+        for t, d in chosen
+    ]
+    return listed, next_cursor
 
 
 def _encode(tool_id: str) -> str:

@@ -118,6 +118,10 @@ def leak_into_listing(token: str) -> None:
     def leaky_title() -> str:
         return "ok"
 
+    @app.tool(description="Titled with the token.", title=f"Shown as {token}")
+    def leaky_tool_title() -> str:
+        return "ok"
+
 
 def bearer_only(inner: Any, token: str) -> Any:
     """Plain ASGI: HTTP requests must carry the bearer token, or get 401."""
