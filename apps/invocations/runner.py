@@ -69,6 +69,7 @@ from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
     ToolContext,
     ToolError,
+    ToolOutput,
     ToolParams,
     ToolResultTooLarge,
     ToolTimedOut,
@@ -1271,7 +1272,11 @@ def validate_output(call: Call, output: Any) -> dict[str, Any]:
     data: dict[str, Any] = (
         validated.model_dump(mode="json") if isinstance(validated, BaseModel) else {}
     )
-    size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+    size = (
+        validated.counted_bytes(data)
+        if isinstance(validated, ToolOutput)
+        else len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
+    )
     if size > call.max_result_bytes:
         raise Refusal(
             ErrorCode.RESULT_TOO_LARGE,

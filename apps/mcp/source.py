@@ -11,6 +11,7 @@ them, to the server's pooled session, under the runner's deadline.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -66,6 +67,32 @@ class McpResult(ToolOutput):
     content: list[dict[str, Any]]
     structuredContent: dict[str, Any] | None = None
     isError: bool = False
+
+    def counted_bytes(self, dumped: dict[str, Any]) -> int:
+        """A text block that is the JSON of structuredContent counts once: FastMCP-style
+        servers repeat their structured output as text for older clients, and the same
+        answer should not meet the limit at half the size of another's."""
+        structured = dumped.get("structuredContent")
+        if structured is None:
+            return super().counted_bytes(dumped)
+        content = [
+            {**block, "text": ""} if _repeats(block, structured) else block
+            for block in dumped.get("content") or []
+        ]
+        return super().counted_bytes({**dumped, "content": content})
+
+
+def _repeats(block: Any, structured: dict[str, Any]) -> bool:
+    """Whether a content block is a text block holding exactly `structured` as JSON."""
+    if not isinstance(block, dict) or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    if not isinstance(text, str) or not text.lstrip().startswith("{"):
+        return False
+    try:
+        return bool(json.loads(text) == structured)
+    except ValueError:
+        return False
 
 
 def short_description(description: str) -> str:

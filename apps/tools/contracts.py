@@ -7,6 +7,7 @@ tool touches outside its arguments arrives as an injected capability.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,10 @@ class ToolOutput(BaseModel):
     """Base for a tool's result payload."""
 
     model_config = ConfigDict(extra="forbid")
+
+    def counted_bytes(self, dumped: dict[str, Any]) -> int:
+        """What the result counts against its size limit (runner step 11): its JSON."""
+        return len(json.dumps(dumped, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 class ToolError(Exception):

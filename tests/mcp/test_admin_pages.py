@@ -115,7 +115,8 @@ def test_applying_the_servers_hints_sets_the_effect_of_the_selected_rows_only(ro
     assert "mcp__shapes__snapshot: external_side_effect → read_only" in page
     assert "mcp__shapes__tidy: external_side_effect → state_change" in page
     assert "mcp__shapes__plain" not in page.split("Effect changed:")[1].split("</li>")[0]
-    effects = dict(Tool.objects.filter(pk__startswith="mcp__shapes__").values_list("pk", "effect"))
+    shown = ("mcp__shapes__snapshot", "mcp__shapes__tidy", "mcp__shapes__plain")
+    effects = dict(Tool.objects.filter(pk__in=shown).values_list("pk", "effect"))
     assert effects == {
         "mcp__shapes__snapshot": "read_only",  # readOnlyHint true
         "mcp__shapes__tidy": "state_change",  # openWorldHint false

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -283,3 +284,18 @@ def test_an_imported_tool_is_listed_in_the_catalog_with_its_closed_schema():
     (function,) = [t["function"] for t in listed if t["function"]["name"] == TIME]
     assert function["parameters"]["required"] == ["timezone"]
     assert function["parameters"]["additionalProperties"] is False
+
+
+def test_a_result_repeating_its_structured_content_as_text_counts_it_once():
+    """FastMCP sends a dict both as structuredContent and as its JSON in a text block:
+    20 KB of data is 40 KB on the wire, and counts as 20 KB against the 32 KB limit."""
+    add("shapes", f"python {SERVERS}/shapes.py")
+    enable("mcp__shapes__report")
+    agent = make_agent("acme")
+    allow(agent.tenant, "mcp__shapes__report")
+    body = agent.invoke("mcp__shapes__report", args={"size": 20_000}).json()
+    assert body["ok"] is True, body
+    (text,) = body["result"]["content"]
+    assert json.loads(text["text"]) == body["result"]["structuredContent"] == {"data": "x" * 20_000}
+    too_big = agent.invoke("mcp__shapes__report", args={"size": 40_000}).json()
+    assert too_big["errorCode"] == "result_too_large"

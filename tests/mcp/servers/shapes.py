@@ -5,6 +5,8 @@ snapshot: titled "Take a snapshot", read-only and closed-world by its hints; ans
 text block, a PNG image block and structured content.
 tidy: titled through annotations.title only, openWorldHint false (a state change).
 plain: declares nothing (MCP's default hints) and answers text only.
+report: answers `size` characters as structured content, repeated as JSON text (FastMCP's
+way with a dict).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ def tidy() -> str:
 @app.tool(description="Nothing declared.", structured_output=False)
 def plain() -> str:
     return "plain"
+
+
+@app.tool(description="A report of `size` characters.")
+def report(size: int) -> dict[str, str]:
+    return {"data": "x" * size}
 
 
 if __name__ == "__main__":
