@@ -9,7 +9,6 @@ from django.utils import timezone
 
 from apps.connections.models import SECRET_FIELDS, Connection, Grant, validate_host_pattern
 from apps.tenants.admin import TenantScopedAdmin, TenantScopedGuardedAdmin
-from apps.tenants.scoping import is_superuser
 from toolhub import json_input
 
 SECRET_INPUTS = sorted({name for names in SECRET_FIELDS.values() for name in names})
@@ -52,8 +51,8 @@ class ConnectionForm(forms.ModelForm[Connection]):
     they could point that permission anywhere.
     """
 
-    # Set by ConnectionAdmin.get_form: whether the user editing may change egress.
-    may_allow_private = False
+    # Set by TenantScopedAdmin.get_form: only a superuser may change egress.
+    edited_by_superuser = False
 
     allowed_hosts = HostListField(
         help_text="One host per line, e.g. api.example.com or *.example.org "
@@ -86,7 +85,7 @@ class ConnectionForm(forms.ModelForm[Connection]):
     def clean_allowed_hosts(self) -> list[str]:
         hosts: list[str] = self.cleaned_data["allowed_hosts"]
         opened = self.instance.pk is not None and self.instance.allow_private_network
-        if opened and not self.may_allow_private and hosts != self.initial.get("allowed_hosts"):
+        if opened and not self.edited_by_superuser and hosts != self.initial.get("allowed_hosts"):
             raise forms.ValidationError(
                 "This connection may reach private and loopback addresses, which a "
                 "superuser allowed for its current hosts: only a superuser may change them."
@@ -117,13 +116,6 @@ class ConnectionAdmin(TenantScopedGuardedAdmin):
     search_fields = ("name",)
     readonly_fields = ("id", "secret_status", "created_at", "updated_at")
     superuser_only_fields = ("allow_private_network",)
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        form.may_allow_private = is_superuser(request.user)  # type: ignore[attr-defined]
-        return form
 
     @admin.display(description="secret")
     def secret_status(self, obj: Connection) -> str:

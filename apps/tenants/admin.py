@@ -114,6 +114,16 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
             raise PermissionDenied("That row belongs to a tenant you do not operate.")
         super().save_model(request, obj, form, change)
 
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        """The form knows whether a superuser edits it (`edited_by_superuser`), for rules
+        beyond read-only fields (e.g. ConnectionForm's hosts once private networks are on)."""
+        # change= by keyword: UserAdmin's get_form takes it only among **kwargs.
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.edited_by_superuser = is_superuser(request.user)  # type: ignore[attr-defined]
+        return form
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = list(super().get_readonly_fields(request, obj))
         if not is_superuser(request.user):
@@ -285,8 +295,8 @@ class TenantForm(forms.ModelForm[Tenant]):
     it may reach the host's private networks, for the URL it had then (a tenant admin who
     changes that URL needs a superuser again)."""
 
-    # Set by TenantAdmin.get_form: whether the user editing may change egress.
-    may_allow_private = False
+    # Set by TenantScopedAdmin.get_form: only a superuser may change egress.
+    edited_by_superuser = False
 
     webhook_secret = forms.CharField(
         required=False,
@@ -301,7 +311,7 @@ class TenantForm(forms.ModelForm[Tenant]):
     def clean_approval_webhook_url(self) -> str:
         url: str = self.cleaned_data["approval_webhook_url"]
         opened = self.instance.pk is not None and self.instance.webhook_private_network
-        if opened and not self.may_allow_private and url != self.instance.approval_webhook_url:
+        if opened and not self.edited_by_superuser and url != self.instance.approval_webhook_url:
             raise forms.ValidationError(
                 "This webhook may reach private and loopback addresses, which a superuser "
                 "allowed for its current URL: only a superuser may change it."
@@ -326,13 +336,6 @@ class TenantAdmin(TenantScopedAdmin):
     tenant_field = ""
     superuser_only_fields = ("slug", "members", "webhook_private_network")
     list_display = ("slug", "name", "approval_webhook_url", "created_at")
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        form.may_allow_private = is_superuser(request.user)  # type: ignore[attr-defined]
-        return form
 
     search_fields = ("slug", "name")
     filter_horizontal = ("members",)

@@ -21,13 +21,18 @@ def own_connection(world: World) -> Connection:
     return connection
 
 
-def edit(client: Client, connection: Connection, **changes: Any) -> Any:
-    page = client.get(change_url(connection))
+def post_change(client: Client, url: str, model: Any, **changes: Any) -> Any:
+    """The change form as the page shows it, with `changes` typed in, saved."""
+    page = client.get(url)
     assert page.status_code == 200
-    data = form_data(page.content.decode(), Connection)
+    data = form_data(page.content.decode(), model)
     data.update({name: [value] for name, value in changes.items()})
     data["_save"] = ["Save"]
-    return client.post(change_url(connection), data)
+    return client.post(url, data)
+
+
+def edit(client: Client, connection: Connection, **changes: Any) -> Any:
+    return post_change(client, change_url(connection), Connection, **changes)
 
 
 def test_a_tenant_admin_sees_allow_private_network_but_cannot_edit_it(
@@ -110,12 +115,7 @@ def tenant_url(tenant: Tenant) -> str:
 
 
 def edit_tenant(client: Client, tenant: Tenant, **changes: Any) -> Any:
-    page = client.get(tenant_url(tenant))
-    assert page.status_code == 200
-    data = form_data(page.content.decode(), Tenant)
-    data.update({name: [value] for name, value in changes.items()})
-    data["_save"] = ["Save"]
-    return client.post(tenant_url(tenant), data)
+    return post_change(client, tenant_url(tenant), Tenant, **changes)
 
 
 def test_a_tenant_admin_cannot_let_the_webhook_reach_private_networks(
