@@ -11,7 +11,6 @@ them, to the server's pooled session, under the runner's deadline.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -51,6 +50,7 @@ from apps.tools.contracts import (
 )
 from apps.tools.registry import RegisteredTool, check_contract
 from apps.tools.schema import SchemaError
+from toolhub import json_input
 
 logger = logging.getLogger(__name__)
 RESULT_FIELDS = ("content", "structuredContent", "isError")
@@ -89,9 +89,9 @@ def _repeats(block: Any, structured: dict[str, Any]) -> bool:
     text = block.get("text")
     if not isinstance(text, str) or not text.lstrip().startswith("{"):
         return False
-    try:
-        return bool(json.loads(text) == structured)
-    except ValueError:
+    try:  # a server's text: read with the limits of JSON from outside (depth, size)
+        return bool(json_input.loads(text) == structured)
+    except json_input.JsonInputError:
         return False
 
 

@@ -299,3 +299,14 @@ def test_a_result_repeating_its_structured_content_as_text_counts_it_once():
     assert json.loads(text["text"]) == body["result"]["structuredContent"] == {"data": "x" * 20_000}
     too_big = agent.invoke("mcp__shapes__report", args={"size": 40_000}).json()
     assert too_big["errorCode"] == "result_too_large"
+
+
+def test_a_text_block_nested_too_deeply_counts_in_full_and_breaks_nothing():
+    """A server's text that starts like JSON is read with the limits of JSON from outside:
+    20,000 levels are not `structuredContent` repeated, and no RecursionError escapes."""
+    from apps.mcp.source import McpResult
+
+    deep = '{"a":' * 20_000 + "1" + "}" * 20_000
+    result = McpResult(content=[{"type": "text", "text": deep}], structuredContent={"a": 1})
+    dumped = result.model_dump(mode="json")
+    assert result.counted_bytes(dumped) > len(deep)
