@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,36 @@ from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.support import tools as support_tools
 from tests.support.threads import close_executor_connections
+
+LEGS = ("sqlite", "postgresql")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The gate runs the suite on SQLite and on PostgreSQL side by side (scripts/test sets
+    TOOLHUB_TEST_LEG). A module marked `one_leg` is not about the database (MCP interop,
+    parsers, wire formats): it runs on one of the two legs only, SQLite's (the embedded
+    default, and the leg that ends first), or the one the marker names
+    (`pytest.mark.one_leg("postgresql")`). Outside the gate (no TOOLHUB_TEST_LEG) every
+    test runs."""
+    leg = os.environ.get("TOOLHUB_TEST_LEG")
+    if not leg:
+        return
+    if leg not in LEGS:
+        raise pytest.UsageError(f"TOOLHUB_TEST_LEG={leg!r}: expected one of {', '.join(LEGS)}")
+    keep: list[pytest.Item] = []
+    elsewhere: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker("one_leg")
+        if marker is None:
+            keep.append(item)
+            continue
+        home = marker.args[0] if marker.args else LEGS[0]
+        if home not in LEGS:
+            raise pytest.UsageError(f"{item.nodeid}: one_leg({home!r}) is not a leg")
+        (keep if home == leg else elsewhere).append(item)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = keep
 
 
 @dataclass

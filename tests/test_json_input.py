@@ -12,6 +12,8 @@ import pytest
 from tests.support.deep_json import TOO_DEEP, deep_texts, nested_object
 from toolhub.json_input import MAX_DEPTH, JsonInputError, _nested_deeper, loads
 
+pytestmark = pytest.mark.one_leg
+
 
 @deep_texts
 def test_it_refuses_json_nested_deeper_than_the_limit_as_a_value_error(text):

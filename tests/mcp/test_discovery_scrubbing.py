@@ -27,7 +27,7 @@ from tests.mcp.test_discovery_credentials import credential
 from tests.support.processes import stop
 from tests.support.server import free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 TOKEN = "leaky-listing-token-5d1e"
 
 

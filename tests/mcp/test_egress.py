@@ -20,7 +20,7 @@ from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from tests.mcp.test_remote_servers import serving
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 TOKEN = "a-bearer-token-that-must-stay-home"
 

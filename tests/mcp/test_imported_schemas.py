@@ -19,7 +19,7 @@ from apps.tools.wire import ROOT_REFUSED
 from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 GIT_TOOLS = [
     "git_add",
     "git_branch",

@@ -17,7 +17,7 @@ from tests.conftest import allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
 from tests.support.threads import in_thread
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 
 def test_a_tool_removed_between_list_and_call_gives_a_clear_error():

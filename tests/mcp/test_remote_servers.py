@@ -34,7 +34,7 @@ from tests.support.processes import stop
 from tests.support.server import free_port
 from tests.support.threads import in_thread
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from apps.mcp.models import McpServer
 from apps.mcp.schemas import McpParams, compile_params
 from apps.tools.schema import MAX_DECLARED_BYTES, MAX_DECLARED_DEPTH, SchemaError
 
+pytestmark = pytest.mark.one_leg
+
 OPTIONAL = {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}
 ORDER = {
     "type": "object",

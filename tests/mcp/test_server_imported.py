@@ -17,7 +17,7 @@ from tests.mcp.servers.shapes import PIXEL
 from tests.mcp.test_server import connected, run
 from tests.support.server import Server, daphne
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 IDS = ("mcp__shapes__snapshot", "mcp__shapes__tidy", "mcp__shapes__plain")
 

@@ -20,7 +20,7 @@ from tests.conftest import CORE_TOOLS, allow, make_agent
 from tests.streams.conftest import logged_in, operator
 from tests.support.server import Server, daphne
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 NODE_DIR = Path(__file__).with_name("node")
 PAGE_SIZE = 4

@@ -18,6 +18,8 @@ from apps.tenants.principals import agents_group
 from tests.conftest import Agent
 from tests.support.responses import failure, ok_result, record_of
 
+pytestmark = pytest.mark.one_leg
+
 ECHO = "test__echo"
 TWENTY = "[" + ",".join(str(i) for i in range(20)) + "]"
 CALL = {

@@ -7,6 +7,8 @@ import pytest
 from apps.invocations.wire import CUT_MID_CALL, MalformedRequest, anthropic, openai
 from tests.wire.conftest import load
 
+pytestmark = pytest.mark.one_leg
+
 
 def test_it_assembles_interleaved_openai_deltas_by_index():
     session = openai.decode_chunks(load("openai_parallel_stream")["request"]["chunks"])

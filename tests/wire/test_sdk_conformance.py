@@ -21,6 +21,8 @@ from pydantic import TypeAdapter
 from apps.invocations.wire import anthropic, openai
 from tests.wire.conftest import fixture_names, load
 
+pytestmark = pytest.mark.one_leg
+
 OPENAI_STREAMS = [n for n in fixture_names("openai") if "chunks" in load(n)["request"]]
 WELL_FORMED_OPENAI_STREAMS = ["openai_parallel_stream"]
 ANTHROPIC_STREAMS = [n for n in fixture_names("anthropic") if "events" in load(n)["request"]]
