@@ -80,6 +80,11 @@ class InvocationRecord(models.Model):
     retry_after_ms = models.PositiveIntegerField(
         null=True, blank=True, help_text="rate_limited: when the next call may pass, from ended_at."
     )
+    traceparent = models.CharField(
+        max_length=55,
+        blank=True,
+        help_text="The W3C trace context the caller sent (MCP's traceparent).",
+    )
 
     class Meta:
         ordering = ["-created_at"]
