@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "apps.invocations",
     "apps.planning",
     "apps.mcp",
+    "apps.retention",
 ]
 
 MIDDLEWARE = [
@@ -411,6 +412,11 @@ TOOLHUB_LOG_ARGUMENT_VALUES = env_bool("TOOLHUB_LOG_ARGUMENT_VALUES", default=Fa
 # Threads that run tool code; a tool that ignores its deadline keeps one busy. Started only
 # when needed; 128 lets 50 concurrent 1 s calls finish in about 1 s (issue 13; 32 took 2 s+).
 TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 128, minimum=1, maximum=1024)
+# Retention (apps/retention, docs/deployment.md): days a finished call (record, run
+# events, approval) is kept unless its tenant sets its own. Unset keeps everything; 0 or
+# less is refused. The worker prunes every TOOLHUB_RETENTION_EVERY_S seconds.
+TOOLHUB_RETENTION_DAYS = env_int("TOOLHUB_RETENTION_DAYS", 0, minimum=1) or None
+TOOLHUB_RETENTION_EVERY_S = env_int("TOOLHUB_RETENTION_EVERY_S", 3600, minimum=60)
 
 if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True

@@ -45,7 +45,7 @@ def detail(request: HttpRequest, approval_id: str) -> HttpResponse:
     decisions.expire_if_overdue_safely(approval_id)
     approval = ApprovalRequest.objects.decidable_by(request.user).filter(pk=approval_id).first()
     if approval is None:
-        raise Http404("No such approval request that you may decide.")
+        return _missing(request, approval_id)
     form = DecisionForm(
         request.POST or None,
         initial={"args": json.dumps(approval.args, indent=2, ensure_ascii=False)},
@@ -97,6 +97,18 @@ FINAL = {
 }
 
 
+def _missing(request: HttpRequest, approval_id: str) -> HttpResponse:
+    """410 for a request that retention pruned (apps/retention/gone.py), else 404."""
+    from django.http import HttpResponseGone
+
+    from apps.retention import gone
+
+    body = gone.approval(approval_id, request.user)
+    if body is None:
+        raise Http404("No such approval request that you may decide.")
+    return HttpResponseGone(body["detail"], content_type="text/plain; charset=utf-8")
+
+
 @staff_member_required
 def outcome(request: HttpRequest, approval_id: str) -> HttpResponse:
     """The call's outcome alone, which the detail page re-fetches until it is final."""
@@ -107,7 +119,7 @@ def outcome(request: HttpRequest, approval_id: str) -> HttpResponse:
         .first()
     )
     if approval is None:
-        raise Http404("No such approval request that you may decide.")
+        return _missing(request, approval_id)
     context = {
         "approval": approval,
         "record": approval.invocation,

@@ -64,10 +64,23 @@ class ApprovalListView(APIView):
 
 
 class ApprovalDetailView(APIView):
-    @extend_schema(operation_id="approvals_retrieve", responses=ApprovalSerializer)
+    @extend_schema(
+        operation_id="approvals_retrieve",
+        responses={
+            200: ApprovalSerializer,
+            410: OpenApiResponse(
+                description="Pruned by retention: `detail`, `prunedAt` and `prunedBefore`"
+            ),
+        },
+    )
     def get(self, request: Request, approval_id: str) -> Response:
         approval = decidable_by(request.user).filter(pk=approval_id).first()
         if approval is None:
+            from apps.retention import gone
+
+            body = gone.approval(approval_id, request.user)
+            if body is not None:
+                return Response(body, status=status.HTTP_410_GONE)
             raise NotFound("No such approval request that you may decide.")
         return Response(ApprovalSerializer(approval).data)
 

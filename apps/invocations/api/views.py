@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from typing import NoReturn
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -25,6 +26,23 @@ class NewestFirst(api.NewestFirst):
 
 def _records_of(caller: Caller) -> QuerySet[InvocationRecord]:
     return InvocationRecord.objects.filter(tenant=caller.tenant)
+
+
+PRUNED = OpenApiResponse(
+    description="Pruned by retention: `detail`, `prunedAt` and `prunedBefore` say when and what"
+)
+
+
+def pruned(invocation_id: str, caller: Caller) -> Response | None:
+    """410, not 404, for a record that retention pruned (apps/retention/gone.py)."""
+    from apps.retention import gone
+
+    body = gone.record(invocation_id, caller.tenant.pk)
+    return None if body is None else Response(body, status=status.HTTP_410_GONE)
+
+
+def _not_found() -> NoReturn:
+    raise NotFound("No such invocation in your tenant.")
 
 
 UNFINISHED = (Status.RUNNING, Status.QUEUED)
@@ -96,11 +114,15 @@ class InvocationListView(CallerView):
 
 
 class InvocationDetailView(CallerView):
-    @extend_schema(operation_id="invocations_retrieve", responses=InvocationSerializer)
+    @extend_schema(
+        operation_id="invocations_retrieve",
+        responses={200: InvocationSerializer, 410: PRUNED},
+    )
     def get(self, request: Request, invocation_id: str) -> Response:
-        record = _records_of(self.caller(request)).filter(pk=invocation_id).first()
+        caller = self.caller(request)
+        record = _records_of(caller).filter(pk=invocation_id).first()
         if record is None:
-            raise NotFound("No such invocation in your tenant.")
+            return pruned(invocation_id, caller) or _not_found()
         return Response(InvocationSerializer(record).data)
 
 
@@ -109,13 +131,17 @@ class InvocationCancelView(CallerView):
         operation_id="invocations_cancel",
         summary="Cancel a held, queued or running call",
         request=None,
-        responses={200: InvocationSerializer, 409: OpenApiResponse(description="Already finished")},
+        responses={
+            200: InvocationSerializer,
+            409: OpenApiResponse(description="Already finished"),
+            410: PRUNED,
+        },
     )
     def post(self, request: Request, invocation_id: str) -> Response:
         caller = self.caller(request)
         record = _records_of(caller).filter(pk=invocation_id).first()
         if record is None:
-            raise NotFound("No such invocation in your tenant.")
+            return pruned(invocation_id, caller) or _not_found()
         try:
             record = cancellation.cancel(record, by=caller.principal)
         except cancellation.NotCancellable as exc:
