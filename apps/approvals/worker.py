@@ -26,6 +26,7 @@ from django_tasks_db.utils import exclusive_transaction, is_locked_database_exce
 
 from apps.approvals import tasks, wake
 from apps.invocations import events
+from apps.retention import schedule as retention
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +305,7 @@ class Sweeper(threading.Thread):
             try:
                 close_old_connections()
                 tasks.sweep()
+                retention.tick()  # prunes in its own thread, when due
                 self.backoff.succeeded()
             except Exception as error:
                 self.backoff.failed(error)

@@ -34,6 +34,7 @@ from apps.invocations.revocations import StaffAccess, key_watch, session_watch
 from apps.invocations.streams import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
+    CLOSE_GONE,
     CLOSE_INTERNAL,
     CLOSE_TOO_SLOW,
     NO_CHANNEL,
@@ -107,6 +108,11 @@ class RunConsumer(CountedStream, OneWayStream):
         access = await database_sync_to_async(StreamAccess.for_run)(self.scope, self.run_id)
         if access is None:
             await refuse(self, CLOSE_FORBIDDEN)
+            return
+        pruned = await _pruned(access.tenant_id, self.run_id, after)
+        if pruned is not None:
+            await self.accept()
+            await self._close_pruned(pruned)
             return
         self.slot = await connection_slots.acquire(access.principal_key)
         if self.slot is None:
@@ -223,6 +229,13 @@ class RunConsumer(CountedStream, OneWayStream):
     async def _send_from_database(self) -> None:
         while not self.gone:
             events = await self._events_after(self.last_seq)
+            if events and int(events[0]["seq"]) > self.last_seq + 1:
+                pruned = await _pruned(self.tenant_id, self.run_id, self.last_seq)
+                if pruned is not None:  # pruned while the stream lagged behind
+                    self.gone = True
+                    self.queued.clear()
+                    await self._close_pruned(pruned)
+                    return
             for event in events:
                 if not await self._deliver(int(event["seq"]), encode(event)):
                     return
@@ -250,6 +263,11 @@ class RunConsumer(CountedStream, OneWayStream):
         self.last_seq = seq
         return True
 
+    async def _close_pruned(self, message: dict[str, Any]) -> None:
+        """Retention pruned the events asked for: say so, then close with 4410."""
+        await self.send_json(message)
+        await self.close(code=CLOSE_GONE)
+
     async def end_stream(self, code: int) -> None:
         self.gone = True
         self.queued.clear()
@@ -262,3 +280,10 @@ class RunConsumer(CountedStream, OneWayStream):
             .order_by("seq")
             .values_list("message", flat=True)[:REPLAY_BATCH]
         )
+
+
+@database_sync_to_async
+def _pruned(tenant_id: int, run_id: str, after: int) -> dict[str, Any] | None:
+    from apps.retention import gone
+
+    return gone.run_events(tenant_id, run_id, after)

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 CLOSE_BAD_REQUEST = 4400
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+# A replay from a seq whose next events retention pruned (apps/retention/gone.py): 410.
+CLOSE_GONE = 4410
 CLOSE_TOO_SLOW = 4008
 CLOSE_INTERNAL = 1011
 # Streams receive through this process's feeds (apps.invocations.fanout), so they

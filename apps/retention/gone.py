@@ -44,9 +44,10 @@ def approval(pk: Any, user: Any) -> dict[str, str] | None:
     return mark.as_gone("approvals") if mark is not None else None
 
 
-def run_events(tenant_id: int, run_id: str, after: int) -> str | None:
-    """Why a replay from `after` cannot be complete (its next events were pruned), as a
-    close reason of at most 123 bytes; None when every event after `after` is kept."""
+def run_events(tenant_id: int, run_id: str, after: int) -> dict[str, Any] | None:
+    """The `events_pruned` message for a replay from `after` whose next events were
+    pruned (docs/asyncapi.yaml), sent before closing with 4410; None when every event
+    after `after` is kept."""
     pruned = (
         PrunedRun.objects.select_related("mark")
         .filter(tenant_id=tenant_id, run_id=run_id, through_seq__gt=after)
@@ -54,4 +55,14 @@ def run_events(tenant_id: int, run_id: str, after: int) -> str | None:
     )
     if pruned is None:
         return None
-    return f"events through seq {pruned.through_seq} {pruned.mark.describe('calls')}"[:123]
+    gone = pruned.mark.as_gone("calls")
+    return {
+        "v": 1,
+        "type": "events_pruned",
+        "runId": run_id,
+        "throughSeq": pruned.through_seq,
+        "prunedAt": gone["prunedAt"],
+        "prunedBefore": gone["prunedBefore"],
+        "detail": f"Events through seq {pruned.through_seq} are gone: "
+        f"{pruned.mark.describe('calls')} (retention).",
+    }

@@ -104,6 +104,7 @@ def test_the_documented_close_codes_are_the_ones_the_streams_send():
     assert documented == {
         streams.CLOSE_BAD_REQUEST,
         streams.CLOSE_FORBIDDEN,
+        streams.CLOSE_GONE,
         streams.CLOSE_NOT_FOUND,
         streams.CLOSE_TOO_SLOW,
         streams.CLOSE_INTERNAL,
