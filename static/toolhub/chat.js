@@ -56,6 +56,8 @@
     socket.onopen = function () { state.textContent = "live"; state.classList.remove("offline"); };
     socket.onmessage = function (message) {
       var event = JSON.parse(message.data);
+      // Retention pruned the events asked for; the stream closes (4410): resume after them.
+      if (event.type === "events_pruned") { lastSeq = Math.max(lastSeq, event.throughSeq); return; }
       if (event.seq <= lastSeq) return;
       lastSeq = event.seq;
       render(event);

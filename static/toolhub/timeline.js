@@ -41,7 +41,12 @@
       "/?after=" + lastSeq + "&tenant=" + encodeURIComponent(list.dataset.tenant);
     var socket = new WebSocket(url);
     socket.onopen = function () { state.textContent = "live"; state.classList.remove("offline"); };
-    socket.onmessage = function (event) { append(JSON.parse(event.data)); };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      // Retention pruned the events asked for; the stream closes (4410): resume after them.
+      if (message.type === "events_pruned") lastSeq = Math.max(lastSeq, message.throughSeq);
+      else append(message);
+    };
     socket.onclose = function (event) {
       state.textContent = "offline";
       state.classList.add("offline");
