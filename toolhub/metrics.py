@@ -1,10 +1,13 @@
 """GET /metrics: Prometheus text format, for scrapers.
 
-Calls, latencies, pending approvals and queue depth are read from the database at
-scrape time by a custom collector (`DatabaseCollector`): any process answers with the
-totals of all processes, and a restart resets nothing. Open streams are the one
-per-process number (`toolhub_open_streams`): each Daphne process counts the WebSocket
-streams it holds, so a dashboard sums the gauge over instances.
+Calls and latencies are counted as calls end, by the database in the statement that
+ends a record, and folded into rollups by the sweeper (apps/invocations/rollups.py): a
+scrape reads O(tenants x tools x statuses) rows, not the records, and any process answers
+with the totals of all processes; a restart resets nothing. Calls in flight, pending
+approvals and queue depth are read at scrape time from partial indexes that hold only
+such rows. Open streams are the one per-process number (`toolhub_open_streams`): each
+Daphne process counts the WebSocket streams it holds, so a dashboard sums the gauge over
+instances.
 
 Access: `Authorization: Bearer $TOOLHUB_METRICS_TOKEN`, or a superuser's session (for a
 look in the browser). The numbers name every tenant and tool, so nobody else gets them:
@@ -83,24 +86,34 @@ class CountedStream:
 
 
 class DatabaseCollector(Collector):
-    """Builds every metric from grouped database queries when scraped."""
+    """Builds every metric from the rollups and a few small grouped queries when scraped."""
 
     def collect(self) -> Iterator[Any]:
+        totals = stats.call_totals()
         calls = CounterMetricFamily(
             "toolhub_tool_calls",
-            "Tool calls recorded, by tenant, tool and status (refused calls included).",
+            "Tool calls that ended, by tenant, tool and final status (refused calls included).",
             labels=["tenant", "tool", "status"],
         )
-        for row in stats.calls_by_tool_and_outcome():
+        for row in stats.calls_by_tool_and_outcome(totals):
             calls.add_metric([row["tenant__slug"], row["tool_ref"], row["status"]], row["n"])
         yield calls
 
+        in_flight = GaugeMetricFamily(
+            "toolhub_tool_calls_in_flight",
+            "Tool calls not ended yet, by tenant, tool and status (held, queued, running).",
+            labels=["tenant", "tool", "status"],
+        )
+        for row in stats.calls_in_flight():
+            in_flight.add_metric([row["tenant__slug"], row["tool_ref"], row["status"]], row["n"])
+        yield in_flight
+
         latency = HistogramMetricFamily(
             "toolhub_tool_call_duration_seconds",
-            "Duration of tool calls that ran, by tenant and tool.",
+            "Duration of tool calls that ended, by tenant and tool.",
             labels=["tenant", "tool"],
         )
-        for row in stats.latency_histograms():
+        for row in stats.latency_histograms(totals):
             buckets = [(_bound(bound), count) for bound, count in row["buckets"]]
             buckets.append(("+Inf", row["count"]))
             latency.add_metric([row["tenant"], row["tool"]], buckets, row["sum_seconds"])

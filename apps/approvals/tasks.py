@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 from django.tasks import task
 from django.utils import timezone
 
@@ -37,9 +36,6 @@ LEASE = timedelta(seconds=10)
 # A queue entry for anything but an approved call (a notification) still RUNNING
 # after this long belongs to a dead worker.
 ENTRY_STALE_AFTER = timedelta(minutes=10)
-# Final records checked for a missing tool_call_result: the recent ones (closing a
-# record and emitting its result are one transaction; this repairs older records).
-REPAIR_WINDOW = timedelta(days=1)
 
 
 @task()
@@ -200,13 +196,19 @@ def notify_pending(approval_id: str) -> int:
 
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
-    settle calls whose worker died while running them, and erase the session keys of
-    expired stream tickets."""
+    settle calls whose worker died while running them, count the calls that ended (and
+    repair their missing results), and erase the session keys of expired stream tickets.
+
+    Every read goes through an index that holds only the rows needing work (pending,
+    approved, executing, running, RUNNING entries, unfolded ends, tickets holding a
+    session), so a pass with nothing to do reads the same few rows at ten records or ten
+    million (issue 45; tests/invocations/test_flat_cost.py counts them)."""
     from django.tasks import TaskResultStatus
     from django_tasks_db.models import DBTaskResult
 
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations import rollups
     from apps.invocations.models import StreamTicket
 
     expired = sum(
@@ -215,78 +217,58 @@ def sweep() -> dict[str, int]:
     )
 
     now = timezone.now()
-    entries = DBTaskResult.objects.filter(task_path=run_approved_call.module_path)
-    waiting = {
-        entry["args"][0]
-        for entry in entries.filter(status=TaskResultStatus.READY).values_list(
-            "args_kwargs", flat=True
-        )
-    }
-    # Claimed within the lease: its worker is taken to be alive and about to run it.
-    leased = {
-        entry["args"][0]
-        for entry in entries.filter(
-            status=TaskResultStatus.RUNNING, started_at__gt=now - LEASE
-        ).values_list("args_kwargs", flat=True)
-    }
-    orphaned = [
-        pk
-        for pk, decided_at in ApprovalRequest.objects.filter(
+    orphaned: list[Any] = []
+    approved = list(
+        ApprovalRequest.objects.filter(
             status=ApprovalStatus.APPROVED, decided_at__lte=now - LEASE
         ).values_list("pk", "decided_at")[:500]
-        if str(pk) not in waiting
-        and (str(pk) not in leased or decided_at is None or decided_at <= now - ORPHAN_AFTER)
-    ]
+    )
+    if approved:  # the queue's entries are read only when some call may have lost its own
+        entries = DBTaskResult.objects.filter(task_path=run_approved_call.module_path)
+        waiting = {
+            entry["args"][0]
+            for entry in entries.filter(status=TaskResultStatus.READY).values_list(
+                "args_kwargs", flat=True
+            )
+        }
+        # Claimed within the lease: its worker is taken to be alive and about to run it.
+        leased = {
+            entry["args"][0]
+            for entry in entries.filter(
+                status=TaskResultStatus.RUNNING, started_at__gt=now - LEASE
+            ).values_list("args_kwargs", flat=True)
+        }
+        orphaned = [
+            pk
+            for pk, decided_at in approved
+            if str(pk) not in waiting
+            and (str(pk) not in leased or decided_at is None or decided_at <= now - ORPHAN_AFTER)
+        ]
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
     settled = settle_interrupted() + settle_abandoned_records()
-    repair_missing_results()
+    folded = repair_missing_results()
+    rollups.forget_old_minutes(now)
     end_dead_entries()
     StreamTicket.objects.forget_sessions()
-    return {"expired": expired, "requeued": len(orphaned), "settled": settled}
+    return {
+        "expired": expired,
+        "requeued": len(orphaned),
+        "settled": settled,
+        "repaired": folded,
+    }
 
 
 def repair_missing_results() -> int:
-    """Emit tool_call_result for final records that have none, so every run's stream
-    and replay end each call (records closed before closing became one transaction,
-    or by anything that bypassed it)."""
-    from apps.invocations import runner
-    from apps.invocations.models import InvocationRecord, RunEvent, Status
+    """Count the calls that ended since the last pass and emit tool_call_result for those
+    that have none (apps.invocations.rollups.fold): every final record is checked once,
+    when its end is folded, so a result lost between a record's end and its event (a
+    crash, anything that bypassed the runner) is repaired, and no pass reads older calls.
+    Answers how many results were emitted."""
+    from apps.invocations import rollups
 
-    now = timezone.now()
-    result_event = RunEvent.objects.filter(
-        tenant=OuterRef("tenant"),
-        run_id=OuterRef("run_id"),
-        tool_call_id=OuterRef("tool_call_id"),
-        type="tool_call_result",
-    )
-    missing = (
-        InvocationRecord.objects.filter(
-            status__in=(Status.SUCCEEDED, Status.FAILED, Status.CANCELLED),
-            ended_at__gte=now - REPAIR_WINDOW,
-        )
-        .exclude(Exists(result_event))
-        .select_related("tenant")[:500]
-    )
-    repaired = 0
-    for record in missing:
-        with transaction.atomic():
-            locked = InvocationRecord.objects.select_for_update().filter(pk=record.pk).first()
-            if (
-                locked is None
-                or RunEvent.objects.filter(
-                    tenant=record.tenant_id,
-                    run_id=record.run_id,
-                    tool_call_id=record.tool_call_id,
-                    type="tool_call_result",
-                ).exists()
-            ):
-                continue
-            logger.warning("emitting the missing tool_call_result of record %s", record.pk)
-            runner.emit_result(record)
-            repaired += 1
-    return repaired
+    return rollups.fold_all().repaired
 
 
 def end_dead_entries() -> int:
@@ -358,19 +340,32 @@ def settle_interrupted() -> int:
 
 def settle_abandoned_records() -> int:
     """Calls that started in a process that died (never held, so no approval tracks
-    them): past their timeout by a margin, they end as failed instead of `running`."""
+    them): past their timeout by a margin, they end as failed instead of `running`.
+    Each is locked and read again first: one that ended meanwhile is left as it ended."""
     from apps.invocations import runner
     from apps.invocations.models import InvocationRecord, Status
 
     settled = 0
+    # ended_at IS NULL: the partial index of unfinished calls (invocations_unfinished_idx).
     candidates = InvocationRecord.objects.filter(
-        status=Status.RUNNING, started_at__lte=timezone.now() - ORPHAN_AFTER, approval__isnull=True
+        ended_at__isnull=True,
+        status=Status.RUNNING,
+        started_at__lte=timezone.now() - ORPHAN_AFTER,
+        approval__isnull=True,
     ).select_related("tool", "tenant")[:500]
     for record in candidates:
         timeout_ms = record.tool.timeout_ms if record.tool else 600_000
-        if _stale(record.started_at, timeout_ms):
-            runner.abandon(record, "The process running this call stopped before it finished.")
-            settled += 1
+        if not _stale(record.started_at, timeout_ms):
+            continue
+        with transaction.atomic():
+            still = (
+                InvocationRecord.objects.select_for_update()
+                .filter(pk=record.pk, status=Status.RUNNING)
+                .exists()
+            )
+            if still:
+                runner.abandon(record, "The process running this call stopped before it finished.")
+                settled += 1
     return settled
 
 

@@ -94,6 +94,14 @@ class InvocationRecord(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),
             models.Index(fields=["tool"], name="invocations_tool_idx"),
+            # The calls not ended yet, a handful whatever the history: what the sweeper's
+            # settle_abandoned_records and the in-flight counts read. A condition without
+            # parameters: SQLite matches `ended_at IS NULL`, not an IN list sent as `?`s.
+            models.Index(
+                fields=["started_at"],
+                condition=models.Q(ended_at__isnull=True),
+                name="invocations_unfinished_idx",
+            ),
         ]
         constraints = [
             # The idempotency ledger: one call per key and tenant, enforced by
@@ -281,9 +289,107 @@ class RunEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "run_id", "seq"], name="unique_event_seq")
         ]
+        indexes = [
+            # A call's result event, found without reading its run's other events (an MCP
+            # session's run holds all its calls): the sweeper checks each ended call.
+            models.Index(
+                fields=["tenant", "run_id", "tool_call_id"],
+                condition=models.Q(type="tool_call_result"),
+                name="events_result_idx",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.type}"
+
+
+# The statuses a call ends in; a record in one of them is counted (CallEnd) once.
+FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+UNFINISHED_STATUSES = (Status.PENDING_APPROVAL, Status.QUEUED, Status.RUNNING)
+
+
+class CallEnd(models.Model):
+    """A call that ended and is not yet counted: a queue the sweeper empties.
+
+    Written by database triggers on the records table (migration 0007), in the statement
+    that makes a record final, whichever path wrote it (the runner's statements, the
+    combined PostgreSQL statement, a worker's Closing, the sweeper, an admin's edit): a
+    record's end and its row here commit together or not at all. A final record edited
+    later adds a row of sign -1 for what it was and one of +1 for what it is. The sweeper
+    (apps.invocations.rollups.fold) deletes a batch, adds it to CallTotal and CallMinute
+    and checks each ended call's tool_call_result, so a pass reads what ended since the
+    last one, never the history.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    sign = models.SmallIntegerField(default=1)
+    record_id = models.UUIDField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    run_id = models.CharField(max_length=128)
+    tool_call_id = models.CharField(max_length=128)
+    tool_ref = models.CharField(max_length=200)
+    principal = models.CharField(max_length=160)
+    status = models.CharField(max_length=20)
+    error_code = models.CharField(max_length=24, blank=True)
+    ended_at = models.DateTimeField(null=True)
+    duration_ms = models.PositiveIntegerField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.tool_ref} {self.status} ({self.sign:+d})"
+
+
+class CallTotal(models.Model):
+    """Calls ended since the beginning, per tenant, tool and status, with their latency
+    histogram (`buckets[i]`: calls of at most stats.LATENCY_BUCKETS[i] seconds, cumulative).
+    What /metrics reports, with the CallEnd rows not folded yet added."""
+
+    # db_index=False: one_total_per_key leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tool_ref = models.CharField(max_length=200)
+    status = models.CharField(max_length=20)
+    calls = models.BigIntegerField(default=0)
+    timed = models.BigIntegerField(default=0, help_text="Calls with a duration.")
+    sum_ms = models.BigIntegerField(default=0)
+    buckets = models.JSONField(default=list)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "tool_ref", "status"], name="one_total_per_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_ref} {self.status}: {self.calls}"
+
+
+class CallMinute(models.Model):
+    """Calls ended in one minute, per tenant, tool, status and error code, with their
+    latency histogram; the principal only for a denial (the overview's top denied
+    principals), else "". What the overview draws; kept MINUTES_KEPT by the sweeper."""
+
+    minute = models.DateTimeField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tool_ref = models.CharField(max_length=200)
+    status = models.CharField(max_length=20)
+    error_code = models.CharField(max_length=24, blank=True)
+    principal = models.CharField(max_length=160, blank=True)
+    calls = models.BigIntegerField(default=0)
+    timed = models.BigIntegerField(default=0)
+    sum_ms = models.BigIntegerField(default=0)
+    buckets = models.JSONField(default=list)
+
+    class Meta:
+        constraints = [
+            # Leads with the minute: the overview reads a window, the sweeper drops the past.
+            models.UniqueConstraint(
+                fields=["minute", "tenant", "tool_ref", "status", "error_code", "principal"],
+                name="one_minute_per_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%H:%M} {self.tool_ref} {self.status}: {self.calls}"
 
 
 class StreamTicketQuerySet(models.QuerySet["StreamTicket"]):
@@ -375,6 +481,16 @@ class StreamTicket(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = StreamTicketQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # The expired tickets that still hold a session key: what forget_sessions reads.
+            models.Index(
+                fields=["expires_at"],
+                condition=~models.Q(session_key=""),
+                name="tickets_holding_session_idx",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"ticket for {self.run_id} ({self.principal})"

@@ -1,12 +1,17 @@
 """Aggregates of the records and approvals, for the overview charts and /metrics.
 
-Everything is derived from the database when asked, never counted in memory: every
-process (Daphne, workers) writes records, so only the database knows the totals, and a
-restart loses nothing. Each function takes the tenants to cover (a staff member's, or all)
-and runs a fixed number of grouped queries, whatever the number of rows.
+Calls are read from rollups maintained as calls end (apps.invocations.rollups): CallTotal
+for /metrics (per tenant, tool and status since the beginning), CallMinute for the
+overview (per minute), plus the ends not folded yet. A scrape or an overview reads
+O(tenants x tools x statuses) rows, whatever the history; every process's calls are in
+them (they are written by the database in the statement that ends a record), and a
+restart loses nothing. Calls not ended yet (held, queued, running) are read from the
+records through a partial index that holds only them.
 
-Percentiles are computed in Python from at most LATENCY_SAMPLE recent durations per
-window: SQLite has no percentile aggregate, and one code path serves both databases.
+Latency percentiles come from the histogram buckets (stats.LATENCY_BUCKETS): the
+answer is the upper bound of the bucket that holds the call of that rank (nearest rank),
+so "p99 250 ms" means 99 % of the calls took at most 250 ms. Beyond the last bound (60 s)
+the answer is that bound.
 """
 
 from __future__ import annotations
@@ -16,18 +21,24 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from apps.invocations.models import ErrorCode, InvocationRecord, Status
+from apps.invocations import rollups
+from apps.invocations.models import (
+    UNFINISHED_STATUSES,
+    CallEnd,
+    CallMinute,
+    CallTotal,
+    InvocationRecord,
+    Status,
+)
+from apps.invocations.rollups import DENIALS, LATENCY_BUCKETS, Tally
 from apps.tenants.models import Tenant
 
-DENIALS = (ErrorCode.POLICY_DENIED, ErrorCode.AUTHZ_DENIED)
 LATENCY_SAMPLE = 20_000
 TOP = 10
-# Seconds; the histogram's upper bounds (/metrics), and so what a dashboard can resolve.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Series(TypedDict):
@@ -53,61 +64,99 @@ def overview(tenants: QuerySet[Tenant], minutes: int = 30) -> Overview:
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=minutes)
     slots = [start + timedelta(minutes=i) for i in range(minutes)]
-    records = InvocationRecord.objects.filter(
-        tenant__in=tenants.values("pk"), created_at__gte=start
-    )
+    window = _minutes(tenants, start)
     return {
         "generatedAt": now.isoformat(),
         "windowMinutes": minutes,
         "minutes": [slot.isoformat() for slot in slots],
-        "callsPerMinute": calls_per_minute(records, slots),
-        "latencyByTool": latency_by_tool(records),
+        "callsPerMinute": calls_per_minute(window, _unfinished(tenants, start), slots),
+        "latencyByTool": latency_by_tool(window),
         "pendingOverTime": pending_over_time(tenants, slots),
         "pendingNow": pending_approvals(tenants),
-        "topDeniedTools": top_denied(records, "tool_ref"),
-        "topDeniedPrincipals": top_denied(records, "principal"),
+        "topDeniedTools": top_denied(window, "tool_ref"),
+        "topDeniedPrincipals": top_denied(window, "principal"),
     }
 
 
-def calls_per_minute(records: QuerySet[InvocationRecord], slots: list[datetime]) -> list[Series]:
-    """Calls started in each minute, one series per status (the call's outcome so far)."""
-    counts: dict[str, dict[datetime, int]] = defaultdict(dict)
-    rows = (
-        records.annotate(minute=TruncMinute("created_at"))
+MINUTE_FIELDS = ("minute", "tool_ref", "status", "error_code", "principal")
+
+
+def _minutes(tenants: QuerySet[Tenant], start: datetime) -> list[dict[str, Any]]:
+    """The window's per-minute rollups of these tenants, the ends not folded yet added."""
+    scope = tenants.values("pk")
+    rows = list(
+        CallMinute.objects.filter(minute__gte=start, tenant__in=scope).values(
+            *MINUTE_FIELDS, "calls", "timed", "sum_ms", "buckets"
+        )
+    )
+    queued = CallEnd.objects.filter(tenant__in=scope, ended_at__gte=start)
+    for row in rollups.pending(queued, "minute", "tool_ref", "status", "error_code", "principal"):
+        if row["error_code"] not in DENIALS:
+            row["principal"] = ""
+        rows.append(row)
+    return rows
+
+
+def _unfinished(tenants: QuerySet[Tenant], start: datetime) -> list[dict[str, Any]]:
+    """Calls started in the window and not ended, per minute of their start and status
+    (invocations_unfinished_idx: only such records are in it)."""
+    rows: Any = (
+        InvocationRecord.objects.filter(
+            ended_at__isnull=True,
+            status__in=UNFINISHED_STATUSES,
+            tenant__in=tenants.values("pk"),
+            created_at__gte=start,
+        )
+        .annotate(minute=TruncMinute("created_at"))
         .values("minute", "status")
-        .annotate(n=Count("pk"))
+        .annotate(calls=Count("pk"))
         .order_by()
     )
-    for row in rows:
-        counts[row["status"]][row["minute"]] = row["n"]
+    return list(rows)
+
+
+def calls_per_minute(
+    window: list[dict[str, Any]], unfinished: list[dict[str, Any]], slots: list[datetime]
+) -> list[Series]:
+    """Per status, the calls that ended in each minute, and those still held, queued or
+    running by the minute they started in."""
+    counts: dict[str, dict[datetime, int]] = defaultdict(lambda: defaultdict(int))
+    for row in [*window, *unfinished]:
+        counts[row["status"]][row["minute"]] += row["calls"]
     return [
         {"label": status, "data": [counts[status].get(slot, 0) for slot in slots]}
         for status in Status.values
-        if status in counts
+        if status in counts and any(counts[status].values())
     ]
 
 
-def latency_by_tool(records: QuerySet[InvocationRecord]) -> list[dict[str, Any]]:
-    """p50 and p99 of the calls that ran, per tool, slowest p99 first."""
-    durations: dict[str, list[int]] = defaultdict(list)
-    sample = (
-        records.filter(duration_ms__isnull=False, started_at__isnull=False)
-        .order_by("-created_at")
-        .values_list("tool_ref", "duration_ms")[:LATENCY_SAMPLE]
-    )
-    for tool, duration in sample:
-        if duration is not None:
-            durations[tool].append(duration)
+def latency_by_tool(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """p50 and p99 of the calls that ended in the window, per tool, slowest p99 first,
+    from the histogram buckets (see the module docstring)."""
+    tallies: dict[str, Tally] = defaultdict(Tally)
+    for row in window:
+        tallies[row["tool_ref"]].merge(row["calls"], row["timed"], row["sum_ms"], row["buckets"])
     rows: list[dict[str, Any]] = [
         {
             "tool": tool,
-            "calls": len(values),
-            "p50Ms": percentile(values, 50),
-            "p99Ms": percentile(values, 99),
+            "calls": tally.timed,
+            "p50Ms": bucket_percentile(tally.buckets or [], tally.timed, 50),
+            "p99Ms": bucket_percentile(tally.buckets or [], tally.timed, 99),
         }
-        for tool, values in durations.items()
+        for tool, tally in tallies.items()
+        if tally.timed > 0
     ]
     return sorted(rows, key=lambda row: (-int(row["p99Ms"]), str(row["tool"])))[:TOP]
+
+
+def bucket_percentile(buckets: list[int], count: int, p: float) -> int:
+    """Nearest-rank percentile from cumulative buckets, in milliseconds: the upper bound
+    of the first bucket holding that many calls (the last bound if none does)."""
+    rank = max(1, math.ceil(p / 100 * count))
+    for bound, cumulative in zip(LATENCY_BUCKETS, buckets, strict=False):
+        if cumulative >= rank:
+            return int(bound * 1000)
+    return int(LATENCY_BUCKETS[-1] * 1000)
 
 
 def percentile(values: list[int], p: float) -> int:
@@ -152,56 +201,79 @@ def pending_approvals(tenants: QuerySet[Tenant]) -> int:
     return ApprovalRequest.objects.filter(tenant__in=tenants.values("pk")).pending().count()
 
 
-def top_denied(records: QuerySet[InvocationRecord], field: str) -> list[dict[str, Any]]:
+def top_denied(window: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
     """The tools (or principals) refused most often by policy or permission."""
-    rows = (
-        records.filter(error_code__in=DENIALS)
-        .values(field)
-        .annotate(n=Count("pk"))
-        .order_by("-n", field)[:TOP]
-    )
-    return [{"name": row[field], "count": row["n"]} for row in rows]
+    counts: dict[str, int] = defaultdict(int)
+    for row in window:
+        if row["error_code"] in DENIALS:
+            counts[row[field]] += row["calls"]
+    ranked = sorted(((-n, name) for name, n in counts.items() if n > 0))[:TOP]
+    return [{"name": name, "count": -n} for n, name in ranked]
 
 
 # --------------------------------------------------------------------- /metrics
 
 
-def calls_by_tool_and_outcome() -> list[dict[str, Any]]:
-    """Every call ever recorded, by tenant, tool and status (one grouped query)."""
+def call_totals() -> dict[tuple[str, str, str], Tally]:
+    """Per tenant slug, tool and status: the rollup plus the ends not folded yet."""
+    tallies: dict[tuple[str, str, str], Tally] = defaultdict(Tally)
+    rows: list[dict[str, Any]] = [
+        dict(row)
+        for row in CallTotal.objects.values(
+            "tenant__slug", "tool_ref", "status", "calls", "timed", "sum_ms", "buckets"
+        )
+    ]
+    rows += rollups.pending(CallEnd.objects.all(), "tenant__slug", "tool_ref", "status")
+    for row in rows:
+        key = (row["tenant__slug"], row["tool_ref"], row["status"])
+        tallies[key].merge(row["calls"], row["timed"], row["sum_ms"], row["buckets"])
+    return tallies
+
+
+def calls_by_tool_and_outcome(
+    totals: dict[tuple[str, str, str], Tally] | None = None,
+) -> list[dict[str, Any]]:
+    """Every call that ended, by tenant, tool and final status (refused calls included)."""
+    return [
+        {"tenant__slug": tenant, "tool_ref": tool, "status": status, "n": tally.calls}
+        for (tenant, tool, status), tally in sorted((totals or call_totals()).items())
+    ]
+
+
+def calls_in_flight() -> list[dict[str, Any]]:
+    """Calls not ended yet, by tenant, tool and status (invocations_unfinished_idx)."""
     rows = (
-        InvocationRecord.objects.values("tenant__slug", "tool_ref", "status")
+        InvocationRecord.objects.filter(ended_at__isnull=True, status__in=UNFINISHED_STATUSES)
+        .values("tenant__slug", "tool_ref", "status")
         .annotate(n=Count("pk"))
         .order_by("tenant__slug", "tool_ref", "status")
     )
     return [dict(row) for row in rows]
 
 
-def latency_histograms() -> list[dict[str, Any]]:
-    """Per tenant and tool: cumulative bucket counts, the sum and count of durations.
-
-    One grouped query with a conditional count per bucket, so the histogram is exact
-    over all calls that ran, not a sample.
-    """
-    buckets = {
-        f"le_{index}": Count("pk", filter=Q(duration_ms__lte=bound * 1000))
-        for index, bound in enumerate(LATENCY_BUCKETS)
-    }
-    rows: Any = (
-        InvocationRecord.objects.filter(duration_ms__isnull=False, started_at__isnull=False)
-        .values("tenant__slug", "tool_ref")
-        .annotate(count=Count("pk"), total_ms=Sum("duration_ms"), **buckets)
-        .order_by("tenant__slug", "tool_ref")
-    )
+def latency_histograms(
+    totals: dict[tuple[str, str, str], Tally] | None = None,
+) -> list[dict[str, Any]]:
+    """Per tenant and tool: cumulative bucket counts, the sum and count of durations of
+    the calls that ended (exact: every call is in a bucket, none is sampled)."""
+    per_tool: dict[tuple[str, str], Tally] = defaultdict(Tally)
+    for (tenant, tool, _status), tally in (totals or call_totals()).items():
+        per_tool[(tenant, tool)].merge(0, tally.timed, tally.sum_ms, tally.buckets or [])
     return [
         {
-            "tenant": row["tenant__slug"],
-            "tool": row["tool_ref"],
-            "count": row["count"],
-            "sum_seconds": (row["total_ms"] or 0) / 1000,
-            "buckets": [(bound, row[f"le_{index}"]) for index, bound in enumerate(LATENCY_BUCKETS)],
+            "tenant": tenant,
+            "tool": tool,
+            "count": tally.timed,
+            "sum_seconds": tally.sum_ms / 1000,
+            "buckets": list(zip(LATENCY_BUCKETS, _cumulative(tally.buckets), strict=True)),
         }
-        for row in rows
+        for (tenant, tool), tally in sorted(per_tool.items())
+        if tally.timed > 0
     ]
+
+
+def _cumulative(buckets: list[int] | None) -> list[int]:
+    return list(buckets or [0] * len(LATENCY_BUCKETS))
 
 
 def pending_by_tenant() -> dict[str, int]:
