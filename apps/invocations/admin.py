@@ -51,7 +51,18 @@ class InvocationRecordAdmin(TenantScopedAdmin):
     date_hierarchy = "created_at"
     fieldsets = (
         (None, {"fields": ("id", "tenant", "tool_ref", "principal", "status", "ok", "related")}),
-        ("Call", {"fields": ("tool_call_id", "run_id", "connection_id", "idempotency_key")}),
+        (
+            "Call",
+            {
+                "fields": (
+                    "tool_call_id",
+                    "run_id",
+                    "connection_id",
+                    "idempotency_key",
+                    "traceparent",
+                )
+            },
+        ),
         (
             "Arguments and result",
             {"fields": ("args_json", "result_json", "error_code", "safe_message")},

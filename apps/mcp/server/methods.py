@@ -20,7 +20,7 @@ from apps.invocations import cancellation, runner
 from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
-from apps.mcp.server import tools
+from apps.mcp.server import tools, tracing
 from apps.mcp.server.sessions import Session
 from apps.policies.policy import catalog
 from apps.tenants.callers import Caller
@@ -54,10 +54,11 @@ INSTRUCTIONS = (
 
 
 class RpcError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.data = data
 
 
 def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any], Session]:
@@ -78,14 +79,20 @@ def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any],
     return result, session
 
 
-def answer(caller: Caller, session: Session, method: str, params: dict[str, Any]) -> Any:
+def answer(
+    caller: Caller,
+    session: Session,
+    method: str,
+    params: dict[str, Any],
+    traceparent: str | None = None,
+) -> Any:
     """The result of one request in a session, or RpcError."""
     if method == "ping":
         return {}
     if method == "tools/list":
         return list_tools(caller, session, params)
     if method == "tools/call":
-        return call_tool(caller, session, params)
+        return call_tool(caller, session, params, traceparent)
     if method in ("tasks/get", "tasks/cancel") and session.protocol_version == TASKS_VERSION:
         record = task_record(caller, params)
         if method == "tasks/cancel":
@@ -117,8 +124,27 @@ def list_tools(caller: Caller, session: Session, params: dict[str, Any]) -> dict
     return result
 
 
-def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[str, Any]:
+def call_tool(
+    caller: Caller, session: Session, params: dict[str, Any], traceparent: str | None = None
+) -> dict[str, Any]:
     """One call through the runner; `_meta.runId` names the run, else the session's run."""
+    task = params.get("task")
+    as_task = task is not None and session.protocol_version == TASKS_VERSION
+    if as_task and not isinstance(task, dict):
+        raise RpcError(INVALID_PARAMS, "params.task must be an object.")
+    record = invoke(caller, session, params, traceparent)
+    if as_task:
+        # The call runs (or is held) now; the task is its record, polled by tasks/get.
+        return {"task": task_of(record)}
+    return call_result(record)
+
+
+def invoke(
+    caller: Caller, session: Session, params: dict[str, Any], traceparent: str | None
+) -> InvocationRecord:
+    """A `tools/call`'s params checked and run through the runner (RpcError before any
+    record when they are not a call: an unknown tool, a name or arguments of the wrong
+    type); the record keeps the caller's W3C trace context (see tracing.py)."""
     name, arguments = params.get("name"), params.get("arguments")
     meta = params.get("_meta") or {}
     if not isinstance(name, str) or not name:
@@ -143,13 +169,9 @@ def call_tool(caller: Caller, session: Session, params: dict[str, Any]) -> dict[
             for e in exc.errors(include_input=False, include_url=False)
         )
         raise RpcError(INVALID_PARAMS, f"Invalid tools/call params ({fields}).") from exc
-    task = params.get("task")
-    if task is not None and session.protocol_version == TASKS_VERSION:
-        if not isinstance(task, dict):
-            raise RpcError(INVALID_PARAMS, "params.task must be an object.")
-        # The call runs (or is held) now; the task is its record, polled by tasks/get.
-        return {"task": task_of(runner.invoke(caller, request))}
-    return call_result(runner.invoke(caller, request))
+    record = runner.invoke(caller, request)
+    tracing.record(record, tracing.chosen(meta, traceparent))
+    return record
 
 
 def known_tool(tool_id: str) -> bool:

@@ -4,9 +4,12 @@ POST carries one JSON-RPC message and gets `application/json` back (a response, 
 202 for a notification). GET opens a server-to-client event stream that carries
 `notifications/tools/list_changed`. DELETE is 405 (see sessions.py). Every request
 presents the API key (`Authorization: Bearer`, else 401) and, after `initialize`,
-the `Mcp-Session-Id` it was given. The body limit of toolhub.limits applies as for
-every HTTP request: the router sits inside `BodyLimitMiddleware`, and Daphne's
-request class refuses oversized bodies before this app is called.
+the `Mcp-Session-Id` it was given. A request whose `MCP-Protocol-Version` is
+2026-07-28 is stateless (`stateless`, modern.py): POST only, no session, its
+`subscriptions/listen` answered with the same kind of stream as GET. The body
+limit of toolhub.limits applies as for every HTTP request: the router sits inside
+`BodyLimitMiddleware`, and Daphne's request class refuses oversized bodies before
+this app is called.
 
 The methods run synchronously (the runner is synchronous) in a worker thread per
 request, never on the event loop; the event loop only reads bodies and streams.
@@ -27,7 +30,7 @@ from channels.layers import get_channel_layer
 from apps.invocations.fanout import feeds_for
 from apps.invocations.revocations import key_watch
 from apps.invocations.streams import connection_slots
-from apps.mcp.server import methods
+from apps.mcp.server import methods, modern
 from apps.mcp.server.methods import RpcError
 from apps.mcp.server.notifications import groups_for
 from apps.mcp.server.sessions import Session
@@ -85,8 +88,11 @@ class McpEndpoint:
             await _send(send, _unauthorized())
             return
         version = _header(scope, VERSION_HEADER)
+        if version == modern.VERSION:
+            await self.stateless(scope, receive, send, key)
+            return
         if version is not None and version not in methods.PROTOCOL_VERSIONS:
-            detail = f"Unsupported MCP-Protocol-Version; use one of {methods.PROTOCOL_VERSIONS}."
+            detail = f"Unsupported MCP-Protocol-Version; use one of {modern.SUPPORTED_VERSIONS}."
             await _send(send, Reply(400, rpc_error(None, methods.INVALID_REQUEST, detail)))
             return
         if method == "POST":
@@ -156,9 +162,7 @@ class McpEndpoint:
             return Reply(200, reply, ((SESSION_HEADER, started.id.encode()),))
         session_id = _header(scope, SESSION_HEADER)
         if session_id is None:
-            return _error(
-                request_id, methods.INVALID_REQUEST, "Missing Mcp-Session-Id header.", status=400
-            )
+            return _sessionless(request_id, params)
         session = Session.find(session_id, key.pk)
         if session is None:
             return _error(
@@ -172,7 +176,8 @@ class McpEndpoint:
             if method == "tasks/result" and session.protocol_version == methods.TASKS_VERSION:
                 result = await _await_task(key, params, receive)
             else:
-                result = await _answer(key, session, method, params)
+                traceparent = _header(scope, b"traceparent")
+                result = await _answer(key, session, method, params, traceparent)
         except RpcError as exc:
             return _error(request_id, exc.code, exc.message)
         return Reply(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -190,16 +195,80 @@ class McpEndpoint:
         if "text/event-stream" not in (_header(scope, b"accept") or ""):
             await _send(send, _refusal(406, "Accept text/event-stream for this stream."))
             return
-        # One budget of open streams per principal, WebSockets and MCP streams alike.
-        slot = await connection_slots.acquire(f"{key.tenant_id}:{key.principal}")
-        if slot is None:
-            detail = "Too many open streams for this principal; close one first."
-            await _send(send, _refusal(429, detail, ((b"retry-after", b"5"),)))
+        await _open(EventStream(key, send), receive)
+
+    async def stateless(self, scope: Scope, receive: Receive, send: Send, key: ApiKey) -> None:
+        """A 2026-07-28 request: one JSON-RPC request per POST, checked against its routing
+        headers before anything runs; errors carry the revision's HTTP statuses."""
+        if scope["method"] != "POST":
+            detail = f"Protocol {modern.VERSION} uses POST only (subscriptions/listen streams)."
+            await _send(send, _refusal(405, detail, ((b"allow", b"POST"),)))
+            return
+        body = await _read_body(receive)
+        if body is None:
             return
         try:
-            await EventStream(key, send).run(receive)
-        finally:
-            await slot.release()
+            message = json_input.loads(body)
+        except json_input.JsonInputError as exc:
+            error = RpcError(methods.PARSE_ERROR, f"Parse error. {exc}")
+            await _send(send, _modern_error(None, error))
+            return
+        if isinstance(message, list):
+            detail = (
+                f"Protocol {modern.VERSION} takes one JSON-RPC request per POST; batches are "
+                f"part of {methods.BATCH_VERSION} only. Nothing in this batch was run."
+            )
+            await _send(send, _modern_error(None, RpcError(methods.INVALID_REQUEST, detail)))
+            return
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            error = RpcError(methods.INVALID_REQUEST, "Not a JSON-RPC 2.0 message.")
+            await _send(send, _modern_error(None, error))
+            return
+        request_id, method = message.get("id"), message.get("method")
+        if "id" not in message:
+            await _send(send, Reply(202))  # a notification: this revision defines none to act on
+            return
+        headers = _routing_headers(scope)
+        try:
+            if not isinstance(method, str) or not isinstance(message.get("params"), dict):
+                raise RpcError(methods.INVALID_REQUEST, "A request has a method and params object.")
+            if headers is None:
+                raise RpcError(modern.HEADER_MISMATCH, "A routing header appears more than once.")
+            meta = modern.envelope(message, headers)
+            if method == "subscriptions/listen":
+                await self.listen(scope, receive, send, key, request_id, meta, message["params"])
+                return
+            params, traceparent = message["params"], _header(scope, b"traceparent")
+            result = await _answer_modern(key, meta, method, params, headers, traceparent)
+        except RpcError as exc:
+            await _send(send, _modern_error(request_id, exc))
+            return
+        reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+        await _send(send, Reply(200, reply))
+
+    async def listen(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        key: ApiKey,
+        request_id: Any,
+        meta: dict[str, Any],
+        params: dict[str, Any],
+    ) -> None:
+        """`subscriptions/listen`: acknowledged with what is honored (tools/list_changed;
+        task ids are not pushed: tasks are polled), then list_changed until the client
+        leaves, the key is revoked, or the server stops (then the result ends it)."""
+        wanted = params.get("notifications")
+        if not isinstance(wanted, dict):
+            raise RpcError(methods.INVALID_PARAMS, "params.notifications must be an object.")
+        if wanted.get("taskIds") and not modern.declares_tasks(meta):
+            raise modern.missing_tasks_capability()
+        if "text/event-stream" not in (_header(scope, b"accept") or ""):
+            await _send(send, _refusal(406, "Accept text/event-stream for subscriptions/listen."))
+            return
+        honored = {"toolsListChanged": True} if wanted.get("toolsListChanged") is True else {}
+        await _open(ListenStream(key, send, request_id, honored), receive)
 
 
 class EventStream:
@@ -210,6 +279,7 @@ class EventStream:
         # Only "list again" travels here: one pending notice says all a full queue would.
         self.pending: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1)
         self.ended = asyncio.Event()
+        self.stopped = False
 
     async def offer(self, event: dict[str, Any], text: str) -> None:
         self._queue(f"event: message\ndata: {text}\n\n".encode())
@@ -244,12 +314,13 @@ class EventStream:
         await watch.watch(self.key.pk, self)
         # The server stopping ends the stream, as it closes WebSockets: the client
         # reconnects to another process (toolhub/draining.py).
-        forget = draining.on_stop(self.ended.set)
+        forget = draining.on_stop(self._stopping)
         subscribed: list[str] = []
         try:
             for group in groups:
                 await feeds_for(layer).subscribe(layer, group, self)
                 subscribed.append(group)
+            await self.opened()
             await self._pump(receive)
         finally:
             for group in subscribed:
@@ -257,7 +328,18 @@ class EventStream:
             await watch.unwatch(self.key.pk, self)
             forget()
             with contextlib.suppress(Exception):  # the client may be gone already
+                await self.closing()
                 await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _stopping(self) -> None:
+        self.stopped = True
+        self.ended.set()
+
+    async def opened(self) -> None:
+        """Written once the stream hears changes (a listen stream's acknowledgement)."""
+
+    async def closing(self) -> None:
+        """Written last, when the stream ends (a listen stream's result if the server stops)."""
 
     async def _pump(self, receive: Receive) -> None:
         gone = asyncio.ensure_future(_disconnected(receive))
@@ -280,6 +362,39 @@ class EventStream:
 
     async def _write(self, frame: bytes) -> None:
         await self.send({"type": "http.response.body", "body": frame, "more_body": True})
+
+
+class ListenStream(EventStream):
+    """A 2026-07-28 `subscriptions/listen` stream: every notification names its
+    subscription (the listen request's id), and a stopping server ends it with the
+    request's result, so the client knows to listen again elsewhere."""
+
+    def __init__(self, key: ApiKey, send: Send, request_id: Any, honored: dict[str, Any]) -> None:
+        super().__init__(key, send)
+        self.request_id, self.honored = request_id, honored
+        self.meta = {modern.SUBSCRIPTION_KEY: request_id}
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        if self.honored.get("toolsListChanged"):
+            notice = {**NOTICE, "params": {"_meta": self.meta}}
+            self._queue(b"event: message\ndata: " + json.dumps(notice).encode() + b"\n\n")
+
+    async def catch_up(self) -> None:
+        await self.offer({}, "")
+
+    async def opened(self) -> None:
+        ack = {
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": self.honored, "_meta": self.meta},
+        }
+        await self._write(b"event: message\ndata: " + json.dumps(ack).encode() + b"\n\n")
+
+    async def closing(self) -> None:
+        if self.stopped:
+            result = modern.complete({}, self.meta)
+            end = {"jsonrpc": "2.0", "id": self.request_id, "result": result}
+            await self._write(b"event: message\ndata: " + json.dumps(end).encode() + b"\n\n")
 
 
 NOTICE = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
@@ -311,6 +426,51 @@ async def _await_task(key: ApiKey, params: dict[str, Any], receive: Receive) -> 
         gone.cancel()
 
 
+async def _open(stream: EventStream, receive: Receive) -> None:
+    """Run a stream within the principal's budget of open streams (WebSockets and MCP
+    streams alike), or refuse it with 429."""
+    key = stream.key
+    slot = await connection_slots.acquire(f"{key.tenant_id}:{key.principal}")
+    if slot is None:
+        detail = "Too many open streams for this principal; close one first."
+        await _send(stream.send, _refusal(429, detail, ((b"retry-after", b"5"),)))
+        return
+    try:
+        await stream.run(receive)
+    finally:
+        await slot.release()
+
+
+def _sessionless(request_id: Any, params: Any) -> Reply:
+    """A request (not initialize) with no session: a 2026-07-28 body without its header,
+    or no protocol version at all; either is told what to send."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and modern.VERSION_KEY in meta:
+        detail = (
+            "The MCP-Protocol-Version header does not match params._meta's protocol version "
+            f"(a {modern.VERSION} request sends both)."
+        )
+        return _error(request_id, modern.HEADER_MISMATCH, detail, status=400)
+    detail = (
+        "No protocol version: send MCP-Protocol-Version and params._meta"
+        f"['{modern.VERSION_KEY}'] ({modern.VERSION}), or initialize a session "
+        f"({', '.join(methods.PROTOCOL_VERSIONS)}) and send its Mcp-Session-Id."
+    )
+    return _error(request_id, methods.INVALID_REQUEST, detail, status=400)
+
+
+def _routing_headers(scope: Scope) -> dict[str, str] | None:
+    """The request's headers by lowercase name, None when a routing header (version,
+    method, name) appears twice: readers of the first and the last copy would disagree."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", []):
+        name = raw_name.decode("latin-1").lower()
+        if name in headers and name in ("mcp-protocol-version", "mcp-method", "mcp-name"):
+            return None
+        headers[name] = raw_value.decode("latin-1").strip()
+    return headers
+
+
 async def _read_body(receive: Receive) -> bytes | None:
     chunks = []
     while True:
@@ -334,14 +494,32 @@ def _key_for(authorization: str | None) -> ApiKey | None:
     return key
 
 
-def _run(key: ApiKey, session: Session, method: str, params: dict[str, Any]) -> Any:
-    return methods.answer(Caller.for_api_key(key), session, method, params)
+def _run(
+    key: ApiKey, session: Session, method: str, params: dict[str, Any], traceparent: str | None
+) -> Any:
+    return methods.answer(Caller.for_api_key(key), session, method, params, traceparent)
+
+
+def _run_modern(
+    key: ApiKey,
+    meta: dict[str, Any],
+    method: str,
+    params: dict[str, Any],
+    headers: dict[str, str],
+    traceparent: str | None,
+) -> Any:
+    if method == "tools/call":
+        modern.check_param_headers(params, headers)
+    caller = Caller.for_api_key(key)
+    result = modern.answer(caller, meta, method, params, traceparent)
+    return result if result.get("resultType") == "task" else modern.complete(result)
 
 
 # Worker threads (not the one thread "thread-sensitive" code shares), with the database
 # connection handling of channels.db, so a slow tool never holds up another request.
 _authenticate = database_sync_to_async(_key_for, thread_sensitive=False)
 _answer = database_sync_to_async(_run, thread_sensitive=False)
+_answer_modern = database_sync_to_async(_run_modern, thread_sensitive=False)
 
 
 def _finished_task(key: ApiKey, params: dict[str, Any]) -> Any:
@@ -362,6 +540,14 @@ def _unauthorized() -> Reply:
 def _refusal(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
     """A refusal by the transport, its body a JSON-RPC error so MCP clients show the message."""
     return Reply(status, rpc_error(None, methods.INVALID_REQUEST, message), headers)
+
+
+def _modern_error(request_id: Any, exc: RpcError) -> Reply:
+    """A 2026-07-28 error: its HTTP status follows its code (modern.HTTP_STATUS)."""
+    body = rpc_error(request_id, exc.code, exc.message)
+    if exc.data is not None:
+        body["error"]["data"] = exc.data
+    return Reply(modern.HTTP_STATUS.get(exc.code, 200), body)
 
 
 def _error(request_id: Any, code: int, message: str, status: int = 200) -> Reply:
