@@ -28,8 +28,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from django.db.models import Q
-
 from apps.approvals.api.serializers import ApprovalSerializer
 from apps.approvals.models import ApprovalRequest
 from apps.invocations.models import InvocationRecord, RunEvent
@@ -119,12 +117,9 @@ def lines(tenant: Tenant, before: datetime, chunk: Chunk) -> list[str]:
     )
     events: dict[tuple[str, str], list[Any]] = defaultdict(list)
     if chunk.through:
-        condition = Q()
-        for run_id, seq in chunk.through.items():
-            condition |= Q(run_id=run_id, seq__lte=seq)
         for run_id, call, message in (
             RunEvent.objects.filter(tenant=tenant)
-            .filter(condition, tool_call_id__in={record.tool_call_id for record in records})
+            .filter(chunk.prefixes(), tool_call_id__in={record.tool_call_id for record in records})
             .order_by("run_id", "seq")
             .values_list("run_id", "tool_call_id", "message")
         ):

@@ -74,7 +74,17 @@ class Chunk:
 
     record_ids: list[Any]
     through: dict[str, int] = field(default_factory=dict)  # run id -> last seq pruned
+    # run id -> the seq an earlier chunk of the pass prunes through (its events are not
+    # this chunk's)
+    floor: dict[str, int] = field(default_factory=dict)
     events: int = 0  # counted at planning (the dry run's figure)
+
+    def prefixes(self) -> Q:
+        """This chunk's events: per run, after the floor and through `through`."""
+        condition = Q()
+        for run_id, seq in self.through.items():
+            condition |= Q(run_id=run_id, seq__gt=self.floor.get(run_id, 0), seq__lte=seq)
+        return condition
 
 
 def cutoff(tenant: Tenant, now: datetime) -> datetime | None:
@@ -94,18 +104,29 @@ def candidates(tenant: Tenant, before: datetime) -> Any:
 def plan(tenant: Tenant, before: datetime, batch: int, limit: int = PASS_LIMIT) -> list[Chunk]:
     """The chunks of one pass: oldest candidates first, each with the event prefix of its
     runs that may go (everything before the first event of a call that stays, and
-    nothing written after `before`). A call with an event past that prefix waits."""
+    nothing written after `before`). A call with an event past that prefix waits.
+    The calls of earlier chunks of the pass count as gone (they leave first)."""
     rows = list(candidates(tenant, before).values_list("pk", "run_id", "tool_call_id")[:limit])
     chunks = []
+    leaving: set[Any] = set()
+    through: dict[str, int] = {}
     for start in range(0, len(rows), batch):
-        chunk = _plan_chunk(tenant, before, rows[start : start + batch])
+        chunk = _plan_chunk(tenant, before, rows[start : start + batch], leaving, through)
+        leaving.update(chunk.record_ids)
+        through.update(chunk.through)
         if chunk.record_ids:
             chunks.append(chunk)
     return chunks
 
 
-def _plan_chunk(tenant: Tenant, before: datetime, rows: list[tuple[Any, str, str]]) -> Chunk:
-    chosen = {pk for pk, _, _ in rows}
+def _plan_chunk(
+    tenant: Tenant,
+    before: datetime,
+    rows: list[tuple[Any, str, str]],
+    leaving_before: set[Any],
+    through_before: dict[str, int],
+) -> Chunk:
+    chosen = {pk for pk, _, _ in rows} | leaving_before
     runs = {run_id for _, run_id, _ in rows}
     events = RunEvent.objects.filter(tenant=tenant, run_id__in=runs)
     stats = {
@@ -152,18 +173,15 @@ def _plan_chunk(tenant: Tenant, before: datetime, rows: list[tuple[Any, str, str
         for pk, run_id, call in rows
         if last_of_call.get((run_id, call), 0) <= through.get(run_id, 0)
     ]
-    through = {run_id: seq for run_id, seq in through.items() if seq > 0}
-    counted = 0
-    if through:
-        counted = events.filter(_prefixes(through)).count()
-    return Chunk(leaving, through, counted)
-
-
-def _prefixes(through: dict[str, int]) -> Q:
-    condition = Q()
-    for run_id, seq in through.items():
-        condition |= Q(run_id=run_id, seq__lte=seq)
-    return condition
+    floor = {run_id: through_before[run_id] for run_id in runs if run_id in through_before}
+    chunk = Chunk(
+        leaving,
+        {run_id: seq for run_id, seq in through.items() if seq > floor.get(run_id, 0)},
+        floor,
+    )
+    if chunk.through:
+        chunk.events = events.filter(chunk.prefixes()).count()
+    return chunk
 
 
 def delete_chunk(tenant: Tenant, chunk: Chunk, mark: PruneMark) -> Totals:
@@ -181,7 +199,7 @@ def delete_chunk(tenant: Tenant, chunk: Chunk, mark: PruneMark) -> Totals:
         )
         if chunk.through:
             totals.events, _ = (
-                RunEvent.objects.filter(tenant=tenant).filter(_prefixes(chunk.through)).delete()
+                RunEvent.objects.filter(tenant=tenant).filter(chunk.prefixes()).delete()
             )
             PrunedRun.objects.bulk_create(
                 [
