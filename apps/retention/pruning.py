@@ -101,12 +101,16 @@ def candidates(tenant: Tenant, before: datetime) -> Any:
     )
 
 
-def plan(tenant: Tenant, before: datetime, batch: int, limit: int = PASS_LIMIT) -> list[Chunk]:
+def plan(tenant: Tenant, before: datetime, batch: int, limit: int | None = None) -> list[Chunk]:
     """The chunks of one pass: oldest candidates first, each with the event prefix of its
     runs that may go (everything before the first event of a call that stays, and
     nothing written after `before`). A call with an event past that prefix waits.
     The calls of earlier chunks of the pass count as gone (they leave first)."""
-    rows = list(candidates(tenant, before).values_list("pk", "run_id", "tool_call_id")[:limit])
+    rows = list(
+        candidates(tenant, before).values_list("pk", "run_id", "tool_call_id")[
+            : limit or PASS_LIMIT
+        ]
+    )
     chunks = []
     leaving: set[Any] = set()
     through: dict[str, int] = {}

@@ -12,7 +12,8 @@ import pytest
 from django.core.management import CommandError
 
 from apps.invocations.models import InvocationRecord, RunEvent
-from apps.retention.models import PruneMark
+from apps.retention import pruning
+from apps.retention.models import PrunedId, PruneMark
 from tests.approvals.support import CONFIRM, hold, logged_in, post_decision
 from tests.retention.support import age, call, keep_for, prune
 
@@ -75,13 +76,13 @@ def test_an_approval_is_exported_with_its_votes(caller, operator, tmp_path):
     ]
 
 
-def test_the_export_can_go_to_standard_output(agent, capsys):
+def test_the_export_can_go_to_standard_output(agent, capfd):
     keep_for(agent.tenant, 30)
     age(call(agent, "run-a", 2), 31)
 
     printed = prune("--export", "-")
 
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    lines = [json.loads(line) for line in capfd.readouterr().out.splitlines()]
     assert [line["record"]["runId"] for line in lines] == ["run-a", "run-a"]
     assert "deleted 2 records" in printed  # progress goes to stderr
 
@@ -153,3 +154,24 @@ def test_a_disk_that_fills_up_during_the_export_deletes_nothing_and_leaves_no_fi
 
     assert InvocationRecord.objects.count() == 40
     assert os.listdir(tiny_disk) == []
+
+
+def test_a_disk_that_fills_up_after_some_passes_keeps_exactly_what_they_deleted(
+    agent, tiny_disk, monkeypatch
+):
+    monkeypatch.setattr(pruning, "PASS_LIMIT", 3)
+    keep_for(agent.tenant, 30)
+    age(call(agent, "run-a", 40), 31)
+    target = tiny_disk / "pruned.jsonl"
+
+    with pytest.raises(CommandError) as refused:
+        prune("--export", str(target))
+
+    assert "No space left on device" in str(refused.value)
+    assert f"exported before were deleted and are in {target}" in str(refused.value)
+    lines = read_lines(target)  # whole lines only: the failed pass's part was cut off
+    assert lines
+    pruned = {str(pk) for pk in PrunedId.objects.filter(kind="record").values_list("pk", flat=True)}
+    assert {line["record"]["invocationId"] for line in lines} == pruned
+    assert InvocationRecord.objects.count() == 40 - len(lines)
+    assert os.listdir(tiny_disk) == ["pruned.jsonl"]
