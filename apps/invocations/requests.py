@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -10,6 +12,14 @@ from pydantic.alias_generators import to_camel
 MAX_TOOL_CALL_ID = 128
 MAX_ARGS_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 32 * 1024
+
+# Progress of the call being invoked, (progress, total or None, message or None): set by
+# an entry point whose caller can receive it (toolhub's MCP server, for a tools/call with
+# `_meta.progressToken`) around runner.invoke; the runner hands it to the tool's thread,
+# where a tool source may report to it (apps/mcp/source.py). Not part of the request: a
+# call held for approval runs later, elsewhere, without it.
+ProgressSink = Callable[[float, float | None, str | None], None]
+progress_sink: ContextVar[ProgressSink | None] = ContextVar("toolhub_progress", default=None)
 
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")

@@ -18,6 +18,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
  10 execute              execution, timeout, cancelled, unavailable (a remote server down)
     scrub_secrets        execution (the secrets the call sent out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
+    reported_failure     execution (the result says the tool failed: MCP's isError)
  12 redact_result        redaction_failed
  13 record_result        tool_call_result
 
@@ -60,7 +61,13 @@ from apps.connections.scrubbing import Scrubber
 from apps.invocations import combined, events, ratelimit, signals, statements
 from apps.invocations.capabilities import bind
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
-from apps.invocations.requests import MAX_ARGS_BYTES, MAX_RESULT_BYTES, InvocationRequest
+from apps.invocations.requests import (
+    MAX_ARGS_BYTES,
+    MAX_RESULT_BYTES,
+    InvocationRequest,
+    ProgressSink,
+    progress_sink,
+)
 from apps.policies import policy
 from apps.tenants import callers, epoch
 from apps.tenants.callers import Caller
@@ -713,6 +720,10 @@ def run_started(call: Call) -> InvocationRecord:
         call.scrubber = broker.scrubber_of(capabilities.http)
         output = scrub_secrets(call, execute(call, capabilities))
         result = validate_output(call, output)
+        failure = reported_failure(call, result)
+        if failure is not None:
+            refusal = Refusal(ErrorCode.EXECUTION, failure)
+            return _finish(call, ok=False, result=redact_result(call, result), refusal=refusal)
         return record_result(call, redact_result(call, result))
     except Refusal as refusal:
         return record_refusal(call, _scrubbed(call, refusal))
@@ -1091,7 +1102,12 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         if call.registered.contract.runs_inline:
             return _run_inline(call, capabilities)
         future = _tool_threads.submit(
-            _run_tool, call.registered.contract.execute, call.params, call.context, capabilities
+            _run_tool,
+            call.registered.contract.execute,
+            call.params,
+            call.context,
+            capabilities,
+            progress_sink.get(),  # the caller's, if it receives progress (requests.py)
         )
         if call.record is None or call.on_linger is not None or call.start_held:
             # A quick call (records_late) records its start if it lingers; a worker's call
@@ -1206,10 +1222,18 @@ def _release_connection() -> None:
         db.close()
 
 
-def _run_tool(execute_fn: Any, params: Any, ctx: ToolContext, caps: Capabilities) -> Any:
+def _run_tool(
+    execute_fn: Any,
+    params: Any,
+    ctx: ToolContext,
+    caps: Capabilities,
+    progress: ProgressSink | None = None,
+) -> Any:
+    reporting = progress_sink.set(progress)
     try:
         return execute_fn(params, ctx, caps)
     finally:
+        progress_sink.reset(reporting)
         close_old_connections()
 
 
@@ -1283,6 +1307,16 @@ def validate_output(call: Call, output: Any) -> dict[str, Any]:
             f"The result is {size} bytes; the limit is {call.max_result_bytes}.",
         )
     return data
+
+
+def reported_failure(call: Call, result: dict[str, Any]) -> str | None:
+    """11b. A result in which the tool itself says it failed (an MCP server's `isError`,
+    its result model's `reported_failure`): the call is `execution`, with that message,
+    and its record keeps the redacted result (the REST record shows the message only)."""
+    assert call.registered is not None
+    reported = getattr(call.registered.contract.result, "reported_failure", None)
+    message = reported(result) if callable(reported) else None
+    return str(message)[:1000] if message else None
 
 
 def redact_result(call: Call, result: dict[str, Any]) -> Any:

@@ -66,6 +66,10 @@ logger = logging.getLogger(__name__)
 CREDENTIALS = "it needs credentials (a tenant's connection on the server's page; mcp_sync --tenant)"
 
 
+# What a call's progress is passed to: (progress, total or None, message or None).
+Progress = Callable[[float, float | None, str | None], None]
+
+
 class ServerUnavailable(Exception):
     """The server could not be reached, started, or answered with something unusable.
 
@@ -556,11 +560,24 @@ class Pool:
         arguments: dict[str, Any],
         timeout: float,
         cancelled: Callable[[], bool] = lambda: False,
+        on_progress: Progress | None = None,
     ) -> types.CallToolResult:
-        """The tool's result within `timeout`, the caller's deadline, start included."""
+        """The tool's result within `timeout`, the caller's deadline, start included. With
+        `on_progress`, the call asks the server for progress (the SDK's own progressToken)
+        and each `notifications/progress` for it is passed on, on the pool's loop: the
+        callback must not block."""
+
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            assert on_progress is not None
+            try:
+                on_progress(progress, total, message)
+            except Exception:  # the caller's business: the call goes on
+                logger.exception("progress callback failed")
 
         async def calling(session: ClientSession) -> types.CallToolResult:
-            return await session.call_tool(name, arguments)
+            return await session.call_tool(
+                name, arguments, progress_callback=report if on_progress else None
+            )
 
         return self._run_guarded(endpoint, calling, timeout, cancelled=cancelled)
 

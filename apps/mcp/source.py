@@ -12,11 +12,13 @@ them, to the server's pooled session, under the runner's deadline.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import math
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from apps.connections.broker import note_sent, unseal
+from apps.connections.broker import note_sent, sent_scrubber, unseal
 from apps.connections.netguard import host_allowed
+from apps.invocations.requests import ProgressSink, progress_sink
 from apps.mcp.models import (
     CommandNotAllowed,
     McpServer,
@@ -67,6 +69,23 @@ class McpResult(ToolOutput):
     content: list[dict[str, Any]]
     structuredContent: dict[str, Any] | None = None
     isError: bool = False
+    # "<server>/<tool>", which a failure's message names: set on each tool's own subclass.
+    origin: ClassVar[str] = ""
+
+    @classmethod
+    def reported_failure(cls, dumped: dict[str, Any]) -> str | None:
+        """The message of a result the server marked `isError` (None when it did not): the
+        runner records the call as failed (`execution`, this message), and keeps the
+        blocks, which toolhub's /mcp/ answers with (`isError: true`)."""
+        if not dumped.get("isError"):
+            return None
+        texts = [
+            block["text"]
+            for block in dumped.get("content") or []
+            if isinstance(block, dict) and block.get("type") == "text"
+            if isinstance(block.get("text"), str) and block["text"]
+        ]
+        return f"{cls.origin}: {' '.join(texts) or 'The tool reported an error.'}"
 
     def counted_bytes(self, dumped: dict[str, Any]) -> int:
         """A text block that is the JSON of structuredContent counts once: FastMCP-style
@@ -112,13 +131,14 @@ def build_contract(row: McpTool) -> RegisteredTool:
     assert params.declared_schema is not None
     declared = declared_names(params.declared_schema)
     kept = [name for name in (row.redaction_args or declared) if name in declared]
+    result = _result_model(f"{server.name}/{row.remote_name}")
     contract = ToolContract(
         name=row.tool_id.removeprefix("mcp__"),
         namespace="mcp",
         description=short_description(row.description),
         params=params,
-        result=McpResult,
-        execute=_executor(server.pk, row.remote_name),
+        result=result,
+        execute=_executor(server.pk, row.remote_name, result),
         effect=row.effect,  # type: ignore[arg-type]
         consequence_level=row.consequence_level,  # type: ignore[arg-type]
         requires_confirmation=row.requires_confirmation,
@@ -128,6 +148,12 @@ def build_contract(row: McpTool) -> RegisteredTool:
         version=row.accepted_hash[:16],
     )
     return check_contract(contract)
+
+
+def _result_model(origin: str) -> type[McpResult]:
+    """McpResult naming its tool in a failure's message (built once per contract)."""
+    namespace = {"__module__": __name__, "__annotations__": {"origin": ClassVar[str]}}
+    return type("McpResult", (McpResult,), {**namespace, "origin": origin})
 
 
 class McpSource:
@@ -217,7 +243,9 @@ def endpoint_for(
     )
 
 
-def _executor(server_pk: int, remote_name: str) -> Execute:
+def _executor(
+    server_pk: int, remote_name: str, result_model: type[McpResult] = McpResult
+) -> Execute:
     def execute_remote(params: ToolParams, ctx: ToolContext, caps: Capabilities) -> McpResult:
         server = McpServer.objects.filter(pk=server_pk, enabled=True).first()
         if server is None:
@@ -231,6 +259,7 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
                 params.model_dump(mode="json"),
                 timeout=max(0.05, ctx.time_left()),
                 cancelled=lambda: ctx.cancelled,
+                on_progress=_forwarded(progress_sink.get(), ctx),
             )
         except ServerUnavailable as exc:
             raise ToolUnavailable(
@@ -246,10 +275,33 @@ def _executor(server_pk: int, remote_name: str) -> Execute:
             block.model_dump(mode="json", by_alias=True, exclude_none=True)
             for block in result.content
         ]
-        if result.is_error:
-            texts = [block.get("text", "") for block in content if block.get("type") == "text"]
-            message = " ".join(text for text in texts if text) or "The tool reported an error."
-            raise ToolError(f"{server.name}/{remote_name}: {message}"[:1000])
-        return McpResult(content=content, structuredContent=result.structured_content)
+        # isError: the runner records a failure and keeps the blocks (reported_failure).
+        return result_model(
+            content=content,
+            structuredContent=result.structured_content,
+            isError=bool(result.is_error),
+        )
 
     return execute_remote
+
+
+MAX_PROGRESS_MESSAGE = 1000
+
+
+def _forwarded(sink: ProgressSink | None, ctx: ToolContext) -> ProgressSink | None:
+    """The caller's progress sink, fed what the server reports as step 10b feeds the
+    result: a message cut to 1,000 characters with the credential sent scrubbed from it,
+    numbers only when finite (a JSON answer has no NaN)."""
+    if sink is None:
+        return None
+    scrubber = sent_scrubber(ctx)
+
+    def report(progress: float, total: float | None, message: str | None) -> None:
+        if not math.isfinite(progress) or (total is not None and not math.isfinite(total)):
+            return
+        if message is not None:
+            message = message[:MAX_PROGRESS_MESSAGE]
+            message = scrubber.text(message) if scrubber is not None else message
+        sink(progress, total, message)
+
+    return report

@@ -257,6 +257,10 @@ def call_result(record: InvocationRecord) -> dict[str, Any]:
             return passed
         text = json.dumps(body.get("result"), cls=DjangoJSONEncoder)
         return _result(text, body, is_error=False)
+    if record.result is not None:  # a failure the tool reported (an MCP server's isError)
+        passed = _imported_result(record, {**body, "result": record.result})
+        if passed is not None:
+            return passed
     text = f"{body.get('errorCode')}: {body.get('safeMessage', '')}"
     return _result(text, body, is_error=True)
 

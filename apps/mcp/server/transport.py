@@ -30,6 +30,7 @@ from channels.layers import get_channel_layer
 from apps.invocations.fanout import feeds_for
 from apps.invocations.revocations import key_watch
 from apps.invocations.streams import connection_slots
+from apps.mcp import progress
 from apps.mcp.server import methods, modern
 from apps.mcp.server.methods import RpcError
 from apps.mcp.server.notifications import groups_for
@@ -99,6 +100,12 @@ class McpEndpoint:
             body = await _read_body(receive)
             if body is None:
                 return  # the client went away (or the body limit cut it off)
+            token = progress.requested(_header(scope, b"accept"), body)
+            if token is not None:  # a tools/call asking for progress (apps/mcp/progress.py)
+                await _with_progress(
+                    send, progress.Forwarder(token), self.post, scope, receive, key, body
+                )
+                return
             await _send(send, await self.post(scope, receive, key, body))
         elif method == "GET":
             await self.stream(scope, receive, send, key)
@@ -553,6 +560,40 @@ def _modern_error(request_id: Any, exc: RpcError) -> Reply:
 def _error(request_id: Any, code: int, message: str, status: int = 200) -> Reply:
     """A JSON-RPC error: in a 200 when a method refused, 400/404 when the transport did."""
     return Reply(status, rpc_error(request_id, code, message))
+
+
+async def _with_progress(send: Send, forwarder: progress.Forwarder, post: Any, *args: Any) -> None:
+    """A POST whose tools/call asked for progress, run with `forwarder` installed. The
+    answer is plain JSON when the call ends before any progress arrived; from the first
+    notification on it is an SSE stream: the notifications as they come, then the
+    response. The call runs to its end even if the client leaves, as any other."""
+    answering = asyncio.get_running_loop().create_task(post(*args), context=forwarder.context())
+    streaming = False
+    while True:
+        arrived = asyncio.ensure_future(forwarder.arrived.wait())
+        await asyncio.wait({answering, arrived}, return_when=asyncio.FIRST_COMPLETED)
+        arrived.cancel()
+        notices = forwarder.take()
+        if notices and not streaming:
+            streaming = True
+            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for notice in notices:
+            await _event(send, notice)
+        if answering.done():
+            break
+    reply: Reply = answering.result()
+    if not streaming:
+        await _send(send, reply)
+        return
+    if reply.body is not None:
+        await _event(send, reply.body)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _event(send: Send, message: Any) -> None:
+    frame = f"event: message\ndata: {json.dumps(message)}\n\n".encode()
+    await send({"type": "http.response.body", "body": frame, "more_body": True})
 
 
 async def _send(send: Send, reply: Reply) -> None:
