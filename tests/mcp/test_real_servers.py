@@ -345,6 +345,11 @@ def test_server_filesystem_reads_lists_and_refuses_a_path_outside_its_folder(fol
         "files/read_text_file: Access denied - path outside allowed directories"
     )
     assert "result" not in outside  # REST: a failure, its message
+    kept = InvocationRecord.objects.get(pk=outside["invocationId"]).result
+    assert kept["isError"] is True  # the blocks, for /mcp/
+    assert kept["content"][0]["text"] == outside["safeMessage"].removeprefix(
+        "files/read_text_file: "
+    )
 
 
 def test_a_write_is_held_until_approved_then_runs(folder):

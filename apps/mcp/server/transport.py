@@ -568,6 +568,8 @@ async def _with_progress(send: Send, forwarder: progress.Forwarder, post: Any, *
     notification on it is an SSE stream: the notifications as they come, then the
     response. The call runs to its end even if the client leaves, as any other."""
     answering = asyncio.get_running_loop().create_task(post(*args), context=forwarder.context())
+    # If this request ends first (the client left, a write failed), the call goes on alone.
+    answering.add_done_callback(lambda task: task.cancelled() or task.exception())
     streaming = False
     while True:
         arrived = asyncio.ensure_future(forwarder.arrived.wait())
