@@ -202,6 +202,19 @@ def test_batches_are_refused_in_2026_and_in_a_2025_06_18_session_and_nothing_run
     assert not InvocationRecord.objects.exists()
 
 
+def test_an_unknown_revision_is_told_the_versions_served(server, agent):
+    response = send(
+        server, agent.key, request("server/discover"), MCP_Protocol_Version="2027-01-01"
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == -32022
+    assert error["data"] == {
+        "supported": ["2025-03-26", "2025-06-18", "2025-11-25", VERSION],
+        "requested": "2027-01-01",
+    }
+
+
 def test_methods_of_other_revisions_are_not_found_and_get_is_not_allowed(server, agent):
     for method in ("ping", "initialize", "tasks/result"):
         response = send(server, agent.key, request(method))

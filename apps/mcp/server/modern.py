@@ -97,11 +97,16 @@ def envelope(message: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]
         raise RpcError(
             UNSUPPORTED_VERSION,
             f"Unsupported protocol version; this server supports {list(SUPPORTED_VERSIONS)}.",
-            {"supported": list(SUPPORTED_VERSIONS), "requested": str(version)},
+            unsupported(str(version)),
         )
     if not isinstance(meta[CAPABILITIES_KEY], dict):
         raise RpcError(INVALID_PARAMS, f"params._meta[{CAPABILITIES_KEY!r}] must be an object.")
     return meta
+
+
+def unsupported(version: str) -> dict[str, Any]:
+    """The data of -32022: what is served, and what was asked for."""
+    return {"supported": list(SUPPORTED_VERSIONS), "requested": version[:100]}
 
 
 def declares_tasks(meta: dict[str, Any]) -> bool:

@@ -93,8 +93,11 @@ class McpEndpoint:
             await self.stateless(scope, receive, send, key)
             return
         if version is not None and version not in methods.PROTOCOL_VERSIONS:
+            # -32022 with the versions served: a client probing a newer revision retries
+            # with 2026-07-28 (a 2025 client reads a 400 either way).
             detail = f"Unsupported MCP-Protocol-Version; use one of {modern.SUPPORTED_VERSIONS}."
-            await _send(send, Reply(400, rpc_error(None, methods.INVALID_REQUEST, detail)))
+            error = RpcError(modern.UNSUPPORTED_VERSION, detail, modern.unsupported(version))
+            await _send(send, _modern_error(None, error))
             return
         if method == "POST":
             body = await _read_body(receive)
