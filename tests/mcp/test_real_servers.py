@@ -35,7 +35,7 @@ from mcp import types
 
 from apps.approvals.models import ApprovalRequest
 from apps.invocations.models import InvocationRecord
-from apps.mcp import sessions
+from apps.mcp import progress, sessions
 from apps.mcp.discovery import apply_to_catalog
 from apps.mcp.models import McpServer, McpTool
 from apps.policies.models import Policy
@@ -307,6 +307,23 @@ def test_a_call_with_a_progress_token_is_answered_as_an_event_stream(toolhub):
     )
     assert json_only.headers["content-type"] == "application/json"
     assert json_only.json()["id"] == 8
+
+
+def test_only_a_single_tools_call_with_a_string_or_integer_token_is_streamed():
+    def body(message: Any) -> bytes:
+        return json.dumps(message).encode()
+
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    sse = "application/json, text/event-stream"
+    assert progress.requested(sse, body({**call, "params": {"_meta": {"progressToken": 5}}})) == 5
+    for token in (True, None, 1.5, {"a": 1}, ["t"]):
+        sent = body({**call, "params": {"_meta": {"progressToken": token}}})
+        assert progress.requested(sse, sent) is None, token
+    named = body({**call, "params": {"_meta": {"progressToken": "t"}}})
+    assert progress.requested("application/json", named) is None  # no stream accepted
+    assert progress.requested(sse, body([json.loads(named)])) is None  # a batch
+    assert progress.requested(sse, named.replace(b"tools/call", b"tools/list")) is None
+    assert progress.requested(sse, b'{"progressToken": ') is None  # the transport's parse error
 
 
 # -- server-filesystem ----------------------------------------------------------------
