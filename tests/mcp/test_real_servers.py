@@ -256,6 +256,9 @@ def test_upstream_progress_reaches_an_sdk_client_calling_through_toolhub(
 
     async def scenario() -> Any:
         async with connected(toolhub, agent.key) as session:
+            (listed,) = (await session.list_tools()).tools
+            assert listed.title == "Trigger Long Running Operation Tool"  # the server's
+            assert listed.annotations is not None and listed.annotations.read_only_hint
             args = {"duration": 2, "steps": 4}
             return await session.call_tool(LONG, args, progress_callback=on_progress)
 
