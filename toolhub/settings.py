@@ -257,6 +257,9 @@ AXES_COOLOFF_MESSAGE = "Too many failed logins for this username from your addre
 # with `manage.py axes_reset_username`. Successful logins are not stored (no unbounded table).
 AXES_ENABLE_ADMIN = False
 AXES_DISABLE_ACCESS_LOG = True
+# No "AXES: BEGIN version ..." line at every start (each manage.py command, even --help);
+# lockouts are still logged as warnings.
+AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -56,6 +56,8 @@ class Command(BaseCommand):
                     "toolhub demo",
                     f"  home:      {base}/",
                     f"  admin:     {base}/admin/   (admin / admin, operator / operator)",
+                    f"  console:   {base}/console/   (approvals: operator or admin)",
+                    f"  demo chat: {base}/demo/chat/",
                     f"  API docs:  {base}/api/docs/",
                     f"  health:    {base}/healthz  {base}/readyz",
                     f"  demo API key for {DEMO_PRINCIPAL} in tenant demo:",
