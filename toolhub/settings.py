@@ -230,7 +230,8 @@ else:
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username and address before any password is checked.
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # ModelBackend, with staff permissions asked of the role in the object's tenant.
+    "apps.tenants.backends.TenantRoleBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
 AUTH_PASSWORD_VALIDATORS = [

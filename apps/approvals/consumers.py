@@ -39,7 +39,7 @@ from apps.invocations.streams import (
     OneWayStream,
     refuse,
 )
-from apps.tenants.models import Tenant
+from apps.tenants.scoping import staff_tenants
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
 from toolhub.metrics import CountedStream
@@ -60,24 +60,40 @@ class _CatchUp:
 CATCH_UP: Final = _CatchUp()
 
 
+class _TenantFeed:
+    """A stream's subscription to one tenant's feed: its events reach the stream with
+    that tenant, since whether the user may decide one depends on their role there."""
+
+    def __init__(self, stream: ApprovalsConsumer, tenant_id: int) -> None:
+        self.stream, self.tenant_id = stream, tenant_id
+
+    async def offer(self, event: dict[str, Any], text: str) -> None:
+        await self.stream.offer(event, text, self.tenant_id)
+
+    async def catch_up(self) -> None:
+        await self.stream.catch_up()
+
+
 class ApprovalsConsumer(CountedStream, OneWayStream):
     stream_kind = "approvals"  # toolhub_open_streams
     channel_layer_alias = NO_CHANNEL  # events come through the tenants' feeds
     tenant_ids: list[int]  # the tenants whose feeds it listens to
+    feeds: dict[int, _TenantFeed]  # its subscription to each
     sender: asyncio.Future[None] | None = None
     watched: bool = False  # by revocations.SessionWatch
     catch_up_queued: bool = False
 
     async def connect(self) -> None:
         remember_server_loop()
-        self.tenant_ids = []
+        self.tenant_ids, self.feeds = [], {}
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_staff:
             await refuse(self, CLOSE_FORBIDDEN)
             return
-        self.decidable: dict[str, bool] = {}  # per tool, asked again after RECHECK_S
+        # per (tenant, tool), asked again after RECHECK_S
+        self.decidable: dict[tuple[int, str], bool] = {}
         self.decidable_at = asyncio.get_running_loop().time()
-        self.queued: asyncio.Queue[tuple[dict[str, Any], str] | _CatchUp] = asyncio.Queue(
+        self.queued: asyncio.Queue[tuple[dict[str, Any], str, int] | _CatchUp] = asyncio.Queue(
             maxsize=settings.TOOLHUB_WS_QUEUED_EVENTS
         )
         self.seen: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -109,8 +125,9 @@ class ApprovalsConsumer(CountedStream, OneWayStream):
             group = tenant_group(tenant_id)
             if self.sender is None or self.sender.done() or tenant_id in self.tenant_ids:
                 continue  # closed meanwhile, or already listening
+            feed = self.feeds[tenant_id] = _TenantFeed(self, tenant_id)
             try:
-                await feeds_for(layer).subscribe(layer, group, self)
+                await feeds_for(layer).subscribe(layer, group, feed)
             except Exception:
                 logger.exception("approvals stream could not subscribe to live events")
                 self.sender.cancel()
@@ -126,13 +143,15 @@ class ApprovalsConsumer(CountedStream, OneWayStream):
             session_watch().unwatch(self)
         tenant_ids, self.tenant_ids = self.tenant_ids, []
         for tenant_id in tenant_ids:
-            await feeds_for(get_channel_layer()).unsubscribe(tenant_group(tenant_id), self)
+            feed = self.feeds.pop(tenant_id, None)
+            if feed is not None:
+                await feeds_for(get_channel_layer()).unsubscribe(tenant_group(tenant_id), feed)
 
-    async def offer(self, event: dict[str, Any], text: str) -> None:
+    async def offer(self, event: dict[str, Any], text: str, tenant_id: int) -> None:
         """An approval event from a tenant's feed; checked and sent by `_send_queued`."""
-        await self._enqueue((event, text))
+        await self._enqueue((event, text, tenant_id))
 
-    async def _enqueue(self, item: tuple[dict[str, Any], str] | _CatchUp) -> None:
+    async def _enqueue(self, item: tuple[dict[str, Any], str, int] | _CatchUp) -> None:
         if self.sender is None or self.sender.done():
             return
         try:
@@ -164,15 +183,15 @@ class ApprovalsConsumer(CountedStream, OneWayStream):
                 item = await self.queued.get()
                 if isinstance(item, _CatchUp):
                     self.catch_up_queued = False
-                    for event in await self._missed(tuple(self.tenant_ids)):
-                        await self._send_new(event, encode(event))
+                    for tenant_id, event in await self._missed(tuple(self.tenant_ids)):
+                        await self._send_new(event, encode(event), tenant_id)
                     continue
                 await self._send_new(*item)
         except Exception:
             logger.exception("approvals stream failed; closing it")
             await self.close(code=CLOSE_INTERNAL)
 
-    async def _send_new(self, event: dict[str, Any], text: str) -> None:
+    async def _send_new(self, event: dict[str, Any], text: str, tenant_id: int) -> None:
         """Send an event this stream has not handled yet, if the user may decide it."""
         key = (str(event.get("approvalId")), int(event.get("seq") or 0))
         if key in self.seen:
@@ -180,30 +199,30 @@ class ApprovalsConsumer(CountedStream, OneWayStream):
         self.seen[key] = None
         if len(self.seen) > SEEN_LIMIT:
             self.seen.popitem(last=False)
-        if await self._may_decide(event["toolId"]):
+        if await self._may_decide(tenant_id, event["toolId"]):
             await self.send(text_data=text)
 
     @database_sync_to_async
-    def _missed(self, tenant_ids: tuple[int, ...]) -> list[dict[str, Any]]:
+    def _missed(self, tenant_ids: tuple[int, ...]) -> list[tuple[int, dict[str, Any]]]:
         since, self.read_since = self.read_since, timezone.now() - CATCH_UP_MARGIN
-        return ApprovalRequest.objects.events_since(tenant_ids, since)
+        return ApprovalRequest.objects.tenant_events_since(tenant_ids, since)
 
     @database_sync_to_async
     def _tenant_ids(self, user: Any) -> list[int]:
-        tenants = Tenant.objects.all() if user.is_superuser else Tenant.objects.filter(members=user)
-        return list(tenants.values_list("pk", flat=True))
+        return list(staff_tenants(user).values_list("pk", flat=True))
 
-    async def _may_decide(self, tool_id: str) -> bool:
+    async def _may_decide(self, tenant_id: int, tool_id: str) -> bool:
         now = asyncio.get_running_loop().time()
         if (
             now - self.decidable_at > revocations.RECHECK_S
         ):  # a revoked permission holds within seconds
             self.decidable, self.decidable_at = {}, now
-        if tool_id not in self.decidable:
-            self.decidable[tool_id] = await self._check(tool_id)
-        return self.decidable[tool_id]
+        key = (tenant_id, tool_id)
+        if key not in self.decidable:
+            self.decidable[key] = await self._check(tenant_id, tool_id)
+        return self.decidable[key]
 
     @database_sync_to_async
-    def _check(self, tool_id: str) -> bool:
+    def _check(self, tenant_id: int, tool_id: str) -> bool:
         tool = Tool.objects.filter(pk=tool_id).first()
-        return tool is not None and can_decide(self.scope["user"], tool)
+        return tool is not None and can_decide(self.scope["user"], tool, tenant_id)

@@ -92,7 +92,7 @@ def decide(
         approval = _locked(approval_id, user)
         if approval.status != ApprovalStatus.PENDING:
             raise AlreadyDecided(f"This request is already {approval.status}.")
-        if not can_decide(user, approval.tool):
+        if not can_decide(user, approval.tool, approval.tenant_id):
             raise NotAllowed(f"You may not decide calls of {approval.tool_id} (decide_approval).")
         if approval.four_eyes and _is_requester(user, approval):
             raise NotAllowed("Four-eyes rule: you cannot approve or reject your own call.")

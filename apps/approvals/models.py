@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from apps.invocations.models import InvocationRecord
 from apps.tenants.models import Tenant
+from apps.tenants.scoping import staff_tenants
 from apps.tools.models import Tool
 
 
@@ -38,6 +39,7 @@ OPEN = {ApprovalStatus.PENDING, ApprovalStatus.APPROVED}
 
 
 APPROVAL_EVENTS = ("approval_required", "approval_decided")
+DECIDE_PERMISSION = "tools.decide_approval"
 
 
 class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
@@ -48,16 +50,23 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
         return self.pending().filter(expires_at__lte=timezone.now())
 
     def visible_to(self, user: Any) -> ApprovalQuerySet:
-        """Approvals in the tenants a staff user operates (all for superusers)."""
-        if getattr(user, "is_superuser", False):
+        """Approvals in the tenants a staff user has a role in (all for superusers)."""
+        if getattr(user, "is_superuser", False) and getattr(user, "is_active", False):
             return self
-        return self.filter(tenant__in=Tenant.objects.filter(members=user.pk))
+        return self.filter(tenant__in=staff_tenants(user).values("pk"))
 
     def events_since(
         self, tenant_ids: Iterable[int], since: datetime, limit: int = 500
     ) -> list[dict[str, Any]]:
+        """`tenant_events_since` without the tenants."""
+        return [message for _, message in self.tenant_events_since(tenant_ids, since, limit)]
+
+    def tenant_events_since(
+        self, tenant_ids: Iterable[int], since: datetime, limit: int = 500
+    ) -> list[tuple[int, dict[str, Any]]]:
         """The approval events (`approval_required`, `approval_decided`) of these tenants
-        written at or after `since`, oldest first, as streamed: what an operators' stream
+        written at or after `since`, oldest first, as streamed, each with its tenant's id
+        (whether a user may decide one depends on their role there): what an operators' stream
         re-reads when its feed may have missed pushes. Found through the requests created
         or decided since (at most `limit`), then their runs' events: two queries on
         indexed columns ((tenant, run_id, seq) for the events), however large the
@@ -85,14 +94,16 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
             .values_list("tenant_id", "message")
         )
         return [
-            message
+            (tenant_id, message)
             for tenant_id, message in found
             if isinstance(message, dict)
             and tenant_of.get(str(message.get("approvalId"))) == tenant_id
         ]
 
     def decidable_by(self, user: Any) -> ApprovalQuerySet:
-        """What a staff user may decide: their tenants, tools they hold decide_approval on.
+        """What a staff user may decide: every approval of the tenants where their role
+        gives `decide_approval` (operator, tenant admin), and in their other tenants those
+        of tools they hold decide_approval on as an object permission (guardian).
 
         Two queries whatever the number of tools or requests.
         """
@@ -100,13 +111,14 @@ class ApprovalQuerySet(models.QuerySet["ApprovalRequest"]):
 
         if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
             return self.none()
-        tools = get_objects_for_user(
-            user, "tools.decide_approval", klass=Tool, accept_global_perms=True
-        )
-        return (
-            self.visible_to(user)
-            .filter(tool__in=tools.values("pk"))
-            .select_related("tool", "decided_by", "tenant")
+        related = self.select_related("tool", "decided_by", "tenant")
+        if getattr(user, "is_superuser", False):
+            return related
+        by_role = staff_tenants(user, DECIDE_PERMISSION).values("pk")
+        tools = get_objects_for_user(user, DECIDE_PERMISSION, klass=Tool, accept_global_perms=False)
+        return related.filter(
+            models.Q(tenant__in=by_role)
+            | models.Q(tenant__in=staff_tenants(user).values("pk"), tool__in=tools.values("pk"))
         )
 
 

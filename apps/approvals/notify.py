@@ -38,11 +38,16 @@ def pending(approval: ApprovalRequest) -> None:
 
 
 def deciders(approval: ApprovalRequest) -> list[User]:
-    """Staff who may decide this request: members of its tenant (or superusers)."""
+    """Staff who may decide this request: its tenant's staff whose role or object
+    permission allows it, and superusers."""
     candidates = User.objects.filter(is_active=True, is_staff=True).filter(
         Q(tenants=approval.tenant) | Q(is_superuser=True)
     )
-    return [user for user in candidates.distinct() if can_decide(user, approval.tool)]
+    return [
+        user
+        for user in candidates.distinct()
+        if can_decide(user, approval.tool, approval.tenant_id)
+    ]
 
 
 def send_pending(approval: ApprovalRequest) -> int:

@@ -29,7 +29,7 @@ from django.utils.crypto import constant_time_compare
 
 from apps.invocations.events import _group_send
 from apps.invocations.fanout import feeds_for
-from apps.tenants.models import ApiKey, Tenant, key_revoked
+from apps.tenants.models import ApiKey, Membership, Tenant, key_revoked
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def _still_allowed(accesses: set[StaffAccess]) -> tuple[set[StaffAccess], dict[i
         )
     }
     memberships = set(
-        Tenant.members.through.objects.filter(user_id__in=users).values_list("tenant_id", "user_id")
+        Membership.objects.filter(user_id__in=users).values_list("tenant_id", "user_id")
     )
     allowed = set()
     for access in accesses:

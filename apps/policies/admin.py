@@ -13,11 +13,11 @@ from django.urls import URLPattern, path
 from apps.invocations import runner
 from apps.invocations.requests import InvocationRequest
 from apps.policies import setup
-from apps.policies.forms import PolicyRuleForm, SetupForm, SimulationForm
+from apps.policies.forms import SETUP_PERMISSIONS, PolicyRuleForm, SetupForm, SimulationForm
 from apps.policies.models import Policy, PolicyRule
 from apps.tenants.admin import ScopedChoicesMixin, TenantScopedAdmin
 from apps.tenants.callers import UnknownPrincipal, on_behalf
-from apps.tenants.scoping import staff_tenants
+from apps.tenants.scoping import staff_tenants, tenants_allowing
 from apps.tools.models import Effect
 
 
@@ -95,12 +95,8 @@ class PolicyAdmin(TenantScopedAdmin):
     def setup_view(self, request: HttpRequest) -> HttpResponse:
         """Let principal P use tool T (with connection C, held or not), in one form."""
         user = request.user
-        if not (
-            user.has_perm("policies.add_policy")
-            and user.has_perm("policies.change_policy")
-            and user.has_perm("connections.add_grant")
-        ):
-            raise PermissionDenied
+        if not tenants_allowing(user, *SETUP_PERMISSIONS).exists():
+            raise PermissionDenied  # no tenant where their role may add policies and grants
         form = SetupForm(user, request.POST or None, initial=request.GET.dict())  # type: ignore[arg-type]
         report = None
         if request.method == "POST" and form.is_valid():
@@ -137,7 +133,8 @@ class PolicyAdmin(TenantScopedAdmin):
         """What one principal may use, and why (each gate it passes or fails)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        tenant = staff_tenants(request.user).filter(slug=request.GET.get("tenant", "")).first()
+        tenants = staff_tenants(request.user, "policies.view_policy")
+        tenant = tenants.filter(slug=request.GET.get("tenant", "")).first()
         principal = request.GET.get("principal", "")
         if tenant is None or not principal:
             raise Http404("No such principal among your tenants.")
@@ -177,4 +174,5 @@ class PolicyAdmin(TenantScopedAdmin):
         return TemplateResponse(request, f"admin/policies/policy/{template}", context | extra)
 
     def _principals_by_tenant(self, request: HttpRequest) -> list[tuple[Any, list[str]]]:
-        return [(t, setup.known_principals(t)) for t in staff_tenants(request.user)]
+        tenants = staff_tenants(request.user, "policies.view_policy")
+        return [(t, setup.known_principals(t)) for t in tenants]

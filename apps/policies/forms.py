@@ -10,10 +10,14 @@ from django.core.exceptions import ValidationError
 
 from apps.connections.models import Connection
 from apps.policies.models import PolicyRule
+from apps.tenants.callers import ON_BEHALF_PERMISSION
 from apps.tenants.models import Tenant, validate_principal
-from apps.tenants.scoping import staff_tenants
+from apps.tenants.scoping import tenants_allowing
 from apps.tools.models import Tool
 from toolhub import json_input
+
+# What "Let a principal use a tool" writes: a policy (added or changed) and a grant.
+SETUP_PERMISSIONS = ("policies.add_policy", "policies.change_policy", "connections.add_grant")
 
 CEL_HELP = (
     "CEL over the call. Variables: args (the validated arguments), tool.id, tool.effect, "
@@ -46,7 +50,10 @@ class PolicyRuleForm(forms.ModelForm[PolicyRule]):
 
 
 class TenantScopedForm(forms.Form):
-    """A form whose tenant and connection choices are the staff member's tenants' only."""
+    """A form whose tenant and connection choices are the tenants where the staff member's
+    role gives every one of `permissions`, and only those."""
+
+    permissions: tuple[str, ...] = ()
 
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
     principal = forms.CharField(
@@ -62,7 +69,7 @@ class TenantScopedForm(forms.Form):
 
     def __init__(self, user: User, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        tenants = staff_tenants(user)
+        tenants = tenants_allowing(user, *self.permissions)
         self.fields["tenant"].queryset = tenants  # type: ignore[attr-defined]
         self.fields["connection"].queryset = Connection.objects.filter(  # type: ignore[attr-defined]
             tenant__in=tenants
@@ -79,6 +86,7 @@ class TenantScopedForm(forms.Form):
 
 
 class SetupForm(TenantScopedForm):
+    permissions = SETUP_PERMISSIONS
     tool = forms.ModelChoiceField(
         queryset=Tool.objects.filter(available=True),
         help_text="Disabled tools are listed too; a superuser must enable them before use.",
@@ -99,6 +107,7 @@ class SetupForm(TenantScopedForm):
 
 
 class SimulationForm(TenantScopedForm):
+    permissions = (ON_BEHALF_PERMISSION,)
     tool_id = forms.CharField(
         max_length=200,
         label="Tool",

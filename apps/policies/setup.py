@@ -22,8 +22,9 @@ from apps.connections.models import Connection, Grant
 from apps.connections.permissions import USE, can_use_connection
 from apps.policies import policy
 from apps.policies.models import Outcome, Policy, PolicyRule
+from apps.tenants import principals
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.principals import service_user, service_username
+from apps.tenants.principals import UnmappablePrincipal, service_user
 from apps.tools.models import Tool
 from apps.tools.permissions import EXECUTE, can_execute
 
@@ -85,7 +86,10 @@ def grant_tool(
         raise SetupError(f"{tool.id} needs a connection: choose one.")
     report = SetupReport()
     _allow_in_policy(report, tenant, principal, tool, approval)
-    user = service_user(tenant, principal)
+    try:
+        user = service_user(tenant, principal)
+    except UnmappablePrincipal as exc:
+        raise SetupError(exc.messages[0]) from None
     _permit_execution(report, user, tool)
     if connection is not None and tool.requires_connection:
         _grant_connection(report, tenant, principal, user, connection)
@@ -196,8 +200,12 @@ def known_principals(tenant: Tenant) -> list[str]:
 
 
 def existing_service_user(tenant: Tenant, principal: str) -> User | None:
-    """The principal's service user, without creating one (reading never writes)."""
-    return User.objects.filter(username=service_username(tenant, principal)).first()
+    """The principal's service user, without creating one (reading never writes); None
+    when its name is held by a user that is not its service user."""
+    try:
+        return principals.existing_service_user(tenant, principal)
+    except principals.UnmappablePrincipal:
+        return None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from django.contrib import admin
 from django.contrib.admin.filters import RelatedOnlyFieldListFilter
 from django.contrib.admin.options import BaseModelAdmin
 from django.contrib.admin.utils import NotRelationField, get_fields_from_path, unquote
+from django.contrib.auth import get_permission_codename
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
@@ -39,8 +40,9 @@ from guardian.admin import (
 )
 from guardian.shortcuts import get_groups_with_perms, get_users_with_perms
 
-from apps.tenants.models import ApiKey, Tenant
+from apps.tenants.models import ApiKey, Membership, Tenant
 from apps.tenants.principals import people
+from apps.tenants.roles import ROLE_GOVERNED
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
 from toolhub.json_input import JSONFormField
 
@@ -79,7 +81,11 @@ class ScopedChoicesMixin(BaseModelAdmin[Any]):
 
 
 class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
-    """Staff see and save only the rows of tenants they are members of (superusers: all).
+    """Staff see and save only the rows of tenants where their role allows it (superusers:
+    all): a row is listed when their role in its tenant gives the model's view or change
+    permission, and changed, added or deleted when it gives that permission
+    (`role_allows`, `apps.tenants.roles`). A tenant admin of A who is an operator of B sees
+    B's approvals and records, and none of B's policies, connections, grants or keys.
 
     `tenant_field` is the lookup from a row to its tenant ("" when the row is a tenant);
     admins of rows that belong to no tenant override `scope_queryset` and `in_scope`.
@@ -90,16 +96,63 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
     superuser_only_fields: tuple[str, ...] = ()
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        lookup = f"{self.tenant_field}__in" if self.tenant_field else "pk__in"
-        return queryset.filter(**{lookup: staff_tenants(request.user).values("pk")})
+        return self.rows_allowed(request, queryset, "view", "change")
 
-    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+    def rows_allowed(
+        self, request: HttpRequest, queryset: QuerySet[Any], *actions: str
+    ) -> QuerySet[Any]:
+        """The rows of tenants where the user may do one of `actions` on this model."""
+        lookup = f"{self.tenant_field}__in" if self.tenant_field else "pk__in"
+        return queryset.filter(**{lookup: self.tenants_allowing(request, *actions).values("pk")})
+
+    def tenants_allowing(self, request: HttpRequest, *actions: str) -> QuerySet[Tenant]:
+        """The tenants where the user may do one of `actions` on this model: where their
+        role gives it; for a permission no role names (a superuser granted it globally,
+        e.g. tenants.change_tenant), every tenant they have a role in, as before roles."""
+        user = request.user
+        perms = [self.permission(action) for action in actions]
+        if any(perm not in ROLE_GOVERNED and user.has_perm(perm) for perm in perms):
+            return staff_tenants(user)
+        return staff_tenants(user, *perms)
+
+    def permission(self, action: str) -> str:
+        return f"{self.opts.app_label}.{get_permission_codename(action, self.opts)}"
+
+    def row_tenant_id(self, obj: Any) -> int | None:
+        """The tenant `obj` belongs to, by `tenant_field` (None: none, or not yet set)."""
         *path, last = (self.tenant_field or "pk").split("__")
         owner = obj
         for step in path:
-            owner = getattr(owner, step)
-        tenant_id = getattr(owner, last if last == "pk" else f"{last}_id")
-        return staff_tenants(request.user).filter(pk=tenant_id).exists()
+            owner = getattr(owner, step, None)
+        value = getattr(owner, last if last == "pk" else f"{last}_id", None)
+        return value if isinstance(value, int) else None
+
+    def in_scope(self, request: HttpRequest, obj: Any) -> bool:
+        """Whether the staff member has any role in obj's tenant."""
+        tenant_id = self.row_tenant_id(obj)
+        return tenant_id is not None and staff_tenants(request.user).filter(pk=tenant_id).exists()
+
+    def role_allows(self, request: HttpRequest, obj: Any, *actions: str) -> bool:
+        """Whether the staff member's role in obj's tenant gives one of `actions` on this
+        model; rows of no tenant (tools, users, groups) answer by the admin's `in_scope`."""
+        if is_superuser(request.user):
+            return True
+        tenant_id = self.row_tenant_id(obj)
+        if tenant_id is None:
+            return self.in_scope(request, obj)
+        return self.tenants_allowing(request, *actions).filter(pk=tenant_id).exists()
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_view_permission(request, obj)
+        return allowed and (obj is None or self.role_allows(request, obj, "view", "change"))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_change_permission(request, obj)
+        return allowed and (obj is None or self.role_allows(request, obj, "change"))
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or self.role_allows(request, obj, "delete"))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
@@ -109,10 +162,21 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         # The form's choices already refuse other tenants; this holds for any field
-        # a subclass adds without a scoped queryset.
-        if not is_superuser(request.user) and not self.in_scope(request, obj):
-            raise PermissionDenied("That row belongs to a tenant you do not operate.")
+        # a subclass adds without a scoped queryset, and for a tenant where the role
+        # shows rows but does not allow this edit.
+        if not is_superuser(request.user) and not self.role_allows(
+            request, obj, "change" if change else "add"
+        ):
+            raise PermissionDenied("Your role in that row's tenant does not allow this change.")
         super().save_model(request, obj, form, change)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """The bulk delete action: every row must be one the role may delete."""
+        if not is_superuser(request.user) and not all(
+            self.role_allows(request, obj, "delete") for obj in queryset
+        ):
+            raise PermissionDenied("Your role in a selected row's tenant does not allow deleting.")
+        super().delete_queryset(request, queryset)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -306,7 +370,7 @@ class TenantForm(forms.ModelForm[Tenant]):
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "members", "approval_webhook_url", "webhook_private_network"]
+        fields = ["slug", "name", "approval_webhook_url", "webhook_private_network"]
 
     def clean_approval_webhook_url(self) -> str:
         url: str = self.cleaned_data["approval_webhook_url"]
@@ -324,9 +388,25 @@ class TenantForm(forms.ModelForm[Tenant]):
         return super().save(commit)
 
 
+class MembershipInline(ScopedChoicesMixin, admin.TabularInline[Membership, Tenant]):
+    """Who is staff of the tenant, and their role there: superusers only (TenantAdmin)."""
+
+    model = Membership
+    extra = 0
+    fields = ("user", "role")
+    raw_id_fields = ()
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "user":
+            # People only: guardian's AnonymousUser and agents' service users are no members.
+            kwargs["queryset"] = people()
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdmin):
-    """Creating and deleting tenants, and their membership and slug, stay with superusers.
+    """Creating and deleting tenants, and their memberships (who has which role) and slug,
+    stay with superusers: a membership widens someone.
 
     The slug names the tenant's groups and service users, so renaming it would move
     them in or out of a tenant's scope.
@@ -334,24 +414,19 @@ class TenantAdmin(TenantScopedAdmin):
 
     form = TenantForm
     tenant_field = ""
-    superuser_only_fields = ("slug", "members", "webhook_private_network")
+    superuser_only_fields = ("slug", "webhook_private_network")
     list_display = ("slug", "name", "approval_webhook_url", "created_at")
 
     search_fields = ("slug", "name")
-    filter_horizontal = ("members",)
+
+    def get_inlines(self, request: HttpRequest, obj: Any) -> Any:
+        return [MembershipInline] if is_superuser(request.user) else []
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return is_superuser(request.user)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return is_superuser(request.user) and super().has_delete_permission(request, obj)
-
-    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        if db_field.name == "members":
-            # People only: guardian's AnonymousUser and agents' service users are no members.
-            scoped = self.get_field_queryset(None, db_field, request)
-            kwargs["queryset"] = people() if scoped is None else people() & scoped
-        return super().formfield_for_manytomany(db_field, request, **kwargs)
 
 
 @admin.register(ApiKey)

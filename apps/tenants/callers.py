@@ -9,7 +9,12 @@ from django.contrib.auth import get_user_model
 
 from apps.tenants.epoch import EpochCache
 from apps.tenants.models import ApiKey, Tenant
-from apps.tenants.principals import service_username
+from apps.tenants.principals import UnmappablePrincipal, existing_service_user
+from apps.tenants.roles import tenants_where
+
+# The role permission a dry run on behalf of a tenant's principal needs there: it shows
+# what the tenant's policies, grants and keys would do, which is the tenant admin's.
+ON_BEHALF_PERMISSION = "policies.view_policy"
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
@@ -37,9 +42,7 @@ class Caller:
         With several tenants the request must name one (X-Toolhub-Tenant), so a
         call never lands in a tenant by accident.
         """
-        tenants = Tenant.objects.all()
-        if not getattr(user, "is_superuser", False):
-            tenants = tenants.filter(members=user.pk)
+        tenants = tenants_where(user)  # any role: the call's own checks ask the rest
         if tenant_slug:
             tenant = tenants.filter(slug=tenant_slug).first()
             if tenant is None:
@@ -80,13 +83,18 @@ def on_behalf(staff: User, tenant_slug: str, principal: str) -> Caller:
     """
     if not getattr(staff, "is_staff", False):
         raise NoTenant("Only staff may ask on behalf of a principal.")
-    tenants = Tenant.objects.all()
-    if not getattr(staff, "is_superuser", False):
-        tenants = tenants.filter(members=staff.pk)
-    tenant = tenants.filter(slug=tenant_slug).first()
+    tenant = tenants_where(staff).filter(slug=tenant_slug).first()
     if tenant is None:
         raise NoTenant(f"You are not a member of tenant {tenant_slug!r}.")
-    user = get_user_model().objects.filter(username=service_username(tenant, principal)).first()
+    if not tenants_where(staff, ON_BEHALF_PERMISSION).filter(pk=tenant.pk).exists():
+        raise NoTenant(
+            f"Your role in tenant {tenant_slug!r} does not allow asking on behalf of its "
+            "principals: that is a tenant admin's."
+        )
+    try:
+        user = existing_service_user(tenant, principal)
+    except UnmappablePrincipal as exc:
+        raise UnknownPrincipal(exc.messages[0]) from None
     if user is None:
         raise UnknownPrincipal(f"Tenant {tenant.slug} has no principal {principal!r}.")
     return Caller(tenant=tenant, principal=principal, user=user)

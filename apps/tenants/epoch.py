@@ -227,6 +227,7 @@ class EpochQuerySet(models.QuerySet[_M]):
 _SENDERS = (
     "tenants.Tenant",
     "tenants.ApiKey",
+    "tenants.Membership",
     "auth.User",
     "auth.Group",
     "auth.Permission",

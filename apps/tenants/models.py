@@ -36,8 +36,9 @@ class Tenant(models.Model):
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL,
         blank=True,
+        through="Membership",
         related_name="tenants",
-        help_text="Staff users who operate this tenant (approve its calls, read its records).",
+        help_text="Staff users of this tenant; each membership names their role here.",
     )
     approval_webhook_url = models.URLField(
         blank=True, help_text="POSTed a signed JSON notice for every new pending approval."
@@ -64,6 +65,36 @@ class Tenant(models.Model):
         from apps.connections import crypto
 
         self.approval_webhook_secret = crypto.encrypt({"secret": secret}) if secret else ""
+
+
+class Role(models.TextChoices):
+    """A staff member's role in one tenant; what each may do is `apps.tenants.roles`."""
+
+    OPERATOR = "operator", "operator"
+    ADMIN = "admin", "tenant admin"
+    MEMBER = "member", "member (console runs and streams only)"
+
+
+class Membership(models.Model):
+    """A staff user's role in one tenant. Permission checks on a tenant's rows ask this
+    role (apps.tenants.backends), never a global permission."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    # `tenant.members.add(user)` makes a plain member: the least a role can be.
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    objects = epoch.EpochQuerySet["Membership"].as_manager()
+
+    class Meta:
+        # The table Tenant.members had before it named a role (migration 0004).
+        db_table = "tenants_tenant_members"
+        unique_together = [("tenant", "user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant}: {self.role}"
 
 
 def _hash_key(raw: str) -> str:
@@ -150,6 +181,17 @@ class ApiKey(models.Model):
     @property
     def display_prefix(self) -> str:
         return f"{KEY_PREFIX}{self.prefix}_…"
+
+    def clean(self) -> None:
+        """A new key's principal must map to its own service user (principals.py)."""
+        if self.pk is not None or not self.tenant_id or not PRINCIPAL_RE.fullmatch(self.principal):
+            return
+        from apps.tenants.principals import UnmappablePrincipal, existing_service_user
+
+        try:
+            existing_service_user(self.tenant, self.principal)
+        except UnmappablePrincipal as exc:
+            raise ValidationError({"principal": exc.messages}) from None
 
     def bind_service_user(self) -> None:
         from apps.tenants.principals import service_user

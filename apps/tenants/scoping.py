@@ -1,6 +1,8 @@
-"""What a staff member may see: the tenants they are a member of, and those tenants' people.
+"""What a staff member may see: the tenants they have a role in, and those tenants' people.
 
-Superusers see everything. Everyone else sees the tenants whose `members` they are in, the
+Superusers see everything. Everyone else sees the tenants they have a role in (a
+`Membership`; which of a tenant's rows they see and change is the role's business:
+`staff_tenants(user, perm)`, `apps.tenants.roles`), the
 groups named "<slug>: ..." of those tenants (the convention `principals.agents_group`
 follows), and the users who are members of those tenants or of those groups (their
 colleagues and their agents' service users). The admin scopes every page with these, so
@@ -15,6 +17,7 @@ from django.contrib.auth.models import Group, User
 from django.db.models import Q, QuerySet
 
 from apps.tenants.models import Tenant
+from apps.tenants.roles import tenants_where
 
 GROUP_SEPARATOR = ": "
 
@@ -23,13 +26,20 @@ def is_superuser(user: Any) -> bool:
     return bool(getattr(user, "is_active", False) and getattr(user, "is_superuser", False))
 
 
-def staff_tenants(user: Any) -> QuerySet[Tenant]:
-    """The tenants a staff member operates (every tenant for a superuser)."""
-    if is_superuser(user):
-        return Tenant.objects.all()
-    if not getattr(user, "is_active", False) or user.pk is None:
+def staff_tenants(user: Any, *perms: str) -> QuerySet[Tenant]:
+    """The tenants where a staff member has a role (every tenant for a superuser); with
+    `perms`, only those where that role gives one of them ("policies.change_policy")."""
+    if not getattr(user, "is_staff", False) and not is_superuser(user):
         return Tenant.objects.none()
-    return Tenant.objects.filter(members=user.pk)
+    return tenants_where(user, *perms)
+
+
+def tenants_allowing(user: Any, *perms: str) -> QuerySet[Tenant]:
+    """The tenants where a staff member's role gives *every one* of `perms`."""
+    tenants = staff_tenants(user)
+    for perm in perms:
+        tenants = tenants.filter(pk__in=staff_tenants(user, perm).values("pk"))
+    return tenants
 
 
 def tenant_group_name(tenant: Tenant, name: str) -> str:

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 from django.db.models import Exists, Q
 from guardian.models import GroupObjectPermission, UserObjectPermission
 
-from apps.tenants import object_permissions
+from apps.tenants import object_permissions, roles
 from apps.tools.models import Tool, ToolQuerySet
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+    from apps.tenants.models import Tenant
 
 EXECUTE = "tools.execute_tool"
 DECIDE = "tools.decide_approval"
@@ -49,7 +51,15 @@ def executable_tools(user: User) -> ToolQuerySet:
     )
 
 
-def can_decide(user: User, tool: Tool) -> bool:
-    return (
-        user.is_active and user.is_staff and (user.has_perm(DECIDE) or user.has_perm(DECIDE, tool))
-    )
+def can_decide(user: User, tool: Tool, tenant: Tenant | int) -> bool:
+    """May this staff user decide held calls of `tool` in `tenant`: their role there gives
+    decide_approval (operator, tenant admin), or they have a role there and hold
+    decide_approval on the tool as an object permission (guardian)."""
+    if not (user.is_active and user.is_staff):
+        return False
+    if user.is_superuser:
+        return True
+    role = roles.role_in(user, tenant)
+    if role is None:
+        return False
+    return DECIDE in roles.ROLE_PERMISSIONS[role] or user.has_perm(DECIDE, tool)

@@ -22,6 +22,7 @@ from apps.planning.models import Plan, PlanStep
 from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import agents_group
+from apps.tenants.roles import Role, grant_role
 from apps.tools.models import Tool
 
 TOOL = "core__get_current_time"
@@ -145,7 +146,7 @@ def build_world() -> World:
     populate("acme")
     after = snapshot()
     staff = User.objects.create_user("acme-staff", is_staff=True)
-    Tenant.objects.get(slug="acme").members.add(staff)
+    grant_role(staff, Tenant.objects.get(slug="acme"), Role.ADMIN)
     # Every permission there is, so that only tenant scoping can hide the other tenant.
     staff.user_permissions.add(*Permission.objects.all())
     world = World(staff=staff, superuser=superuser)

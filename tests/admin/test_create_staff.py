@@ -35,7 +35,7 @@ def test_it_creates_an_operator_who_decides_but_edits_nothing(acme: Tenant):
     user = User.objects.get(username="opal")
     assert user.is_staff and not user.is_superuser and user.check_password(PASSWORD)
     assert list(user.tenants.all()) == [acme]
-    assert can_decide(user, Tool.objects.get(pk="core__get_current_time"))
+    assert can_decide(user, Tool.objects.get(pk="core__get_current_time"), acme)
     assert user.has_perm("invocations.view_invocationrecord")
     assert not user.has_perm("policies.change_policy")
     client = Client()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils.html import escape
 
 from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.tenants.roles import Role, grant_role
 from tests.approvals.support import (
     CONFIRM,
     ECHO,
@@ -284,8 +284,10 @@ def test_another_tenants_operator_gets_404_on_the_detail(caller, other):
 
 @pytest.fixture
 def admin_operator(operator):
-    """The operator, allowed to view approval requests in the admin."""
-    operator.user_permissions.add(Permission.objects.get(codename="view_approvalrequest"))
+    """The operator, with the operator role of their tenant (which shows approval
+    requests in the admin)."""
+    for tenant in operator.tenants.all():
+        grant_role(operator, tenant, Role.OPERATOR)
     client = Client()
     client.force_login(operator)
     return client

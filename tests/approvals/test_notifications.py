@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from guardian.shortcuts import assign_perm
 
 from apps.approvals import notify
+from apps.tenants.roles import Role, grant_role
 from tests.approvals.support import CONFIRM, ECHO, drain_queue, hold, make_operator
 from tests.connections import local_server
 
@@ -37,9 +37,8 @@ def test_a_pending_call_emails_exactly_the_operators_who_may_decide_it(caller, o
     inactive.save()
     global_decider = User.objects.create_user(
         "gwen", email="gwen@example.com", is_staff=True
-    )  # decide_approval on every tool, member of the tenant
-    tenant.members.add(global_decider)
-    assign_perm("tools.decide_approval", global_decider)
+    )  # decide_approval on every tool: the operator role of the tenant
+    grant_role(global_decider, tenant, Role.OPERATOR)
 
     _, approval = hold(caller, CONFIRM)
     assert mailoutbox == []  # sent from the queue, not inline

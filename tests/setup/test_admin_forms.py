@@ -183,7 +183,7 @@ def test_the_tool_page_lists_the_policies_of_your_tenants_that_use_it(setting, a
 def test_the_member_picker_offers_people_only(setting, root):
     setting.agent.client.get("/api/v1/tools/")  # the agent's service user exists
     page = root.get(f"/admin/tenants/tenant/{setting.agent.tenant.pk}/change/").content.decode()
-    members = page[page.index('name="members"') :]
+    members = page[page.index('name="memberships-__prefix__-user"') :]
     members = members[: members.index("</select>")]
     assert "ada" in members
     assert "AnonymousUser" not in members

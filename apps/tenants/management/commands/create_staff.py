@@ -14,9 +14,9 @@ from apps.tenants.roles import Role, grant_role
 
 class Command(BaseCommand):
     help = (
-        "Create a staff member of one tenant: an operator (decides held calls) or a tenant "
-        "admin (also edits the tenant's policies, connections, grants and API keys). "
-        "Refuses an existing username."
+        "Create a staff member of one tenant with a role there: an operator (decides held "
+        "calls) or a tenant admin (also edits the tenant's policies, connections, grants and "
+        "API keys). Refuses an existing username: add_membership gives one a role."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--username", required=True)
         parser.add_argument("--password", required=True)
         parser.add_argument(
-            "--role", default=Role.OPERATOR.value, help="operator (default) or admin"
+            "--role", default=Role.OPERATOR.value, help="operator (default), admin or member"
         )
 
     @transaction.atomic
@@ -35,11 +35,12 @@ class Command(BaseCommand):
             raise CommandError(f"No tenant {options['tenant']!r}; create it with create_tenant.")
         username = options["username"]
         if User.objects.filter(username=username).exists():
-            # Roles are global permissions: quietly widening an existing account (maybe
-            # another tenant's staff, or a service user) is how escalations start.
+            # Quietly widening an existing account (maybe another tenant's staff, or a
+            # service user) is how escalations start: add_membership says it out loud.
             raise CommandError(
                 f"User {username!r} already exists; create_staff only creates new staff "
-                "members (a superuser changes existing ones in the admin)."
+                "members. To give an existing person a role in a tenant, run "
+                "add_membership (or a superuser edits the tenant's memberships in the admin)."
             )
         user = User(username=username, is_staff=True)
         try:
@@ -53,8 +54,12 @@ class Command(BaseCommand):
         self.stdout.write(f"Staff member {username} created: {role.value} of tenant {tenant.slug}.")
 
     def _role(self, value: str) -> Role:
-        try:
-            return Role(value)
-        except ValueError:
-            choices = ", ".join(r.value for r in Role)
-            raise CommandError(f"Unknown role {value!r}; choose one of: {choices}.") from None
+        return parse_role(value)
+
+
+def parse_role(value: str) -> Role:
+    try:
+        return Role(value)
+    except ValueError:
+        choices = ", ".join(r.value for r in Role)
+        raise CommandError(f"Unknown role {value!r}; choose one of: {choices}.") from None
