@@ -248,16 +248,11 @@ def sweep() -> dict[str, int]:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
     settled = settle_interrupted() + settle_abandoned_records()
-    folded = repair_missing_results()
+    repair_missing_results()
     rollups.forget_old_minutes(now)
     end_dead_entries()
     StreamTicket.objects.forget_sessions()
-    return {
-        "expired": expired,
-        "requeued": len(orphaned),
-        "settled": settled,
-        "repaired": folded,
-    }
+    return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 
 def repair_missing_results() -> int:

@@ -187,8 +187,8 @@ def test_a_result_lost_between_a_records_end_and_its_event_is_emitted_once(calle
     # As a crash between the two writes would leave it: the end, without its event.
     RunEvent.objects.filter(run_id="run-lost", type="tool_call_result").delete()
 
-    assert tasks.sweep()["repaired"] == 1
-    assert tasks.sweep()["repaired"] == 0
+    assert tasks.repair_missing_results() == 1
+    assert tasks.repair_missing_results() == 0
 
     stream = events(caller.tenant, "run-lost")
     assert [e["type"] for e in stream] == ["tool_call_start", "tool_call_result"]
