@@ -36,8 +36,9 @@ FAILED = {
     "status": "failed",
     "ok": False,
     "errorCode": "validation",
-    "safeMessage": "Invalid arguments: to: value is not a valid email address",
-    "args": {"to": "not-an-address", "subject": "Hi", "body": "Hello"},
+    "safeMessage": "Invalid arguments: to.0: value is not a valid email address: "
+    "An email address must have an @-sign.",
+    "args": {"to": ["not-an-address"], "subject": "Hi", "body": "Hello"},
     "principal": "agent:support-bot",
     "createdAt": "2026-11-23T14:31:00.000Z",
     "startedAt": "2026-11-23T14:31:00.001Z",
@@ -58,7 +59,7 @@ HELD = {
     "runId": RUN_ID,
     "toolId": "core__send_email",
     "status": "pending_approval",
-    "args": {"to": "customer@example.com", "subject": "Your refund", "body": "Done."},
+    "args": {"to": ["customer@example.com"], "subject": "Your refund", "body": "Done."},
     "principal": "agent:support-bot",
     "policyRule": "policy:1:demo",
     "createdAt": "2026-11-23T14:32:00.000Z",
@@ -142,7 +143,11 @@ CATALOG = [
 DECISION = [
     OpenApiExample(
         "Approve with an edit",
-        value={"decision": "approve", "reason": "Fixed the address.", "args": {"to": "a@b.c"}},
+        value={
+            "decision": "approve",
+            "reason": "Fixed the address.",
+            "args": {"to": ["a@b.example"]},
+        },
         request_only=True,
     ),
     OpenApiExample(

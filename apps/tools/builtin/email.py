@@ -5,7 +5,10 @@ Always held for a human (requires_confirmation): an email cannot be unsent.
 
 from __future__ import annotations
 
-from pydantic import EmailStr, Field
+from typing import Any
+
+from pydantic import EmailStr, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolOutput, ToolParams
@@ -15,6 +18,17 @@ class SendEmailParams(ToolParams):
     to: list[EmailStr] = Field(min_length=1, max_length=10)
     subject: str = Field(min_length=1, max_length=200)
     body: str = Field(min_length=1, max_length=10000)
+
+    @field_validator("to", mode="before")
+    @classmethod
+    def _a_list(cls, value: Any) -> Any:
+        """A single address is refused, as the schema says, but with the shape to send:
+        agents guess `"to": "bob@example.com"` (issue 46)."""
+        if isinstance(value, str):
+            raise PydanticCustomError(
+                "list_type", 'expected a list of addresses, e.g. ["bob@example.com"]'
+            )
+        return value
 
 
 class EmailSent(ToolOutput):
