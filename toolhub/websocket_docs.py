@@ -34,7 +34,8 @@ def asyncapi_yaml(request: HttpRequest) -> HttpResponse:
 def websocket_protocol(request: HttpRequest) -> HttpResponse:
     document = asyncapi()
     components = document["components"]
-    messages = [
+    # Not `messages`: base.html shows the flash messages under that name.
+    message_docs = [
         {
             "key": key,
             "name": message["name"],
@@ -57,7 +58,7 @@ def websocket_protocol(request: HttpRequest) -> HttpResponse:
         "info": document["info"],
         "channels": document["channels"],
         "security": components["securitySchemes"],
-        "messages": messages,
+        "message_docs": message_docs,
         "close_codes": document["x-close-codes"],
     }
     return render(request, "api/websockets.html", context)
