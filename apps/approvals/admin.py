@@ -45,18 +45,16 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
         "expires_at",
         "decided_by",
     )
-    list_filter = ("status", "tenant", "tool")
+    # No "tool" filter: it lists every tool (10,000 in a large catalog) on every page.
+    list_filter = ("status", "tenant")
     search_fields = (
         "=id",
         "=invocation__id",
         "=run_id",
         "=tool_call_id",
-        "principal",
-        "decision_reason",
     )
-    search_help_text = (
-        "An approval, invocation, run or tool call id (exact), or part of a principal or reason."
-    )
+    exact_search_only = True
+    search_help_text = "An approval, invocation, run or tool call id (whole ids only)."
     # Shown pretty-printed (the *_json fields below), never as editable text.
     exclude = ("args", "original_args", "args_diff")
     readonly_fields = [

@@ -6,13 +6,12 @@ import json
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from apps.approvals import decisions
+from apps.approvals import decisions, history_paging
 from apps.approvals.forms import DecisionForm
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
@@ -128,8 +127,13 @@ def outcome(request: HttpRequest, approval_id: str) -> HttpResponse:
     return render(request, "approvals/_outcome.html", context)
 
 
+HISTORY_PAGE = 50
+
+
 @staff_member_required
 def history(request: HttpRequest) -> HttpResponse:
+    """Decided approvals, newest request first, paged by keyset (`?before=<cursor>`): no
+    page counts anything, and a deep page costs what the first does."""
     approvals = ApprovalRequest.objects.decidable_by(request.user).exclude(
         status=ApprovalStatus.PENDING
     )
@@ -145,11 +149,25 @@ def history(request: HttpRequest) -> HttpResponse:
     wanted = request.GET.get("status", "")
     if wanted in ApprovalStatus.values:
         approvals = approvals.filter(status=wanted)
-    page = Paginator(approvals.order_by("-decided_at", "-created_at"), 50).get_page(
-        request.GET.get("page")
-    )
+    before = request.GET.get("before", "")
+    if before:
+        position = history_paging.decode(before)
+        if position is None:
+            return HttpResponseBadRequest(
+                "Invalid 'before': use the Older link as it is, or start from the newest."
+            )
+        approvals = approvals.filter(history_paging.older_than(*position))
+    rows = list(approvals.order_by("-created_at", "-id")[: HISTORY_PAGE + 1])
+    older = history_paging.encode(rows[HISTORY_PAGE - 1]) if len(rows) > HISTORY_PAGE else ""
     return render(
         request,
         "approvals/history.html",
-        {"page": page, "q": query, "status": wanted, "statuses": ApprovalStatus.values},
+        {
+            "approvals": rows[:HISTORY_PAGE],
+            "older": older,
+            "paged": bool(before),
+            "q": query,
+            "status": wanted,
+            "statuses": ApprovalStatus.values,
+        },
     )

@@ -43,12 +43,12 @@ class InvocationRecordAdmin(TenantScopedAdmin):
         "duration_ms",
         "run_link",
     )
-    list_filter = ("tenant", "status", "error_code", "tool_ref")
-    search_fields = ("=id", "=tool_call_id", "=run_id", "principal", "tool_ref", "safe_message")
-    search_help_text = (
-        "An invocation id, tool call id or run id (exact), or part of a principal, tool or message."
-    )
-    date_hierarchy = "created_at"
+    # No filter that lists the column's values (tool_ref) and no date_hierarchy: both read
+    # every row to build their choices. created_at's filter offers fixed ranges.
+    list_filter = ("tenant", "status", "error_code", "created_at")
+    search_fields = ("=id", "=tool_call_id", "=run_id")
+    exact_search_only = True
+    search_help_text = "An invocation id, tool call id or run id (whole ids only)."
     fieldsets = (
         (None, {"fields": ("id", "tenant", "tool_ref", "principal", "status", "ok", "related")}),
         (
@@ -122,9 +122,11 @@ class RunEventAdmin(TenantScopedAdmin):
         "tenant",
         "timeline_link",
     )
-    list_filter = ("tenant", "type")
+    # No "type" filter: it lists the column's values, reading every event to do so.
+    list_filter = ("tenant",)
     search_fields = ("=run_id", "=tool_call_id")
-    search_help_text = "A run id or tool call id (exact)."
+    exact_search_only = True
+    search_help_text = "A run id or tool call id (whole ids only)."
     fields = (
         "tenant",
         "run_id",

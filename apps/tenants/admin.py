@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.filters import RelatedOnlyFieldListFilter
 from django.contrib.admin.options import BaseModelAdmin
 from django.contrib.admin.utils import NotRelationField, get_fields_from_path, unquote
@@ -24,7 +24,7 @@ from django.contrib.auth import get_permission_codename
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
-from django.db.models import JSONField, Model, QuerySet
+from django.db.models import JSONField, Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.template.response import TemplateResponse
@@ -45,6 +45,7 @@ from apps.tenants.principals import people
 from apps.tenants.roles import ROLE_GOVERNED
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
 from toolhub.json_input import JSONFormField
+from toolhub.paging import CappedCountPaginator
 
 
 def scoped_choices(site: admin.AdminSite, request: HttpRequest, model: type[Model]) -> Any:
@@ -94,6 +95,55 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
 
     tenant_field = "tenant"
     superuser_only_fields: tuple[str, ...] = ()
+    # Lists never count a whole table (toolhub.paging); no "(N total)" beside a filter.
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    # Tables that grow with traffic (records, events, approvals): search matches whole
+    # ids only ("=field", an index each), never part of a text, which reads every row.
+    exact_search_only = False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", None) or {}
+        cl = changelist.get("cl")
+        if cl is None:
+            return response
+        if getattr(cl.paginator, "capped", False):
+            cap = cl.paginator.cap
+            messages.info(
+                request,
+                f"More than {cap:,} rows match: the list pages through the first {cap:,}. "
+                "Narrow it with the filters or the search to reach the others.",
+            )
+        if self.exact_search_only and cl.query and not cl.result_count:
+            messages.warning(
+                request,
+                f"Nothing has the id {cl.query!r}. This list is searched by whole ids only "
+                "(a part of a name or message would mean reading every row): use the "
+                "filters for a tenant, status or date.",
+            )
+        return response
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """exact_search_only: the whole term equals one of the fields, compared as stored
+        (`exact`; the admin's "=" is `iexact`, which PostgreSQL cannot answer from an
+        index); a field the term cannot be (a UUID) is skipped."""
+        if not self.exact_search_only:
+            return super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        matches = Q(pk__in=[])
+        for name in self.search_fields:
+            path = name.removeprefix("=")
+            try:
+                value = get_fields_from_path(self.model, path)[-1].to_python(term)
+            except ValidationError:
+                continue
+            matches |= Q(**{path: value})
+        return queryset.filter(matches), False
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return self.rows_allowed(request, queryset, "view", "change")

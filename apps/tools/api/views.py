@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -10,10 +11,8 @@ from drf_spectacular.utils import (
 )
 from rest_framework import serializers
 from rest_framework.request import Request
-from rest_framework.response import Response
 
-from apps.policies.policy import catalog
-from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
+from apps.tools.listing import FORMATS, catalog_body
 from toolhub import openapi_examples as examples
 from toolhub.api import BadRequest, CallerView
 
@@ -70,9 +69,6 @@ class ToolEntryField(serializers.DictField):
     """ToolSpec by default; the OpenAI or Anthropic shape with ?format=."""
 
 
-FORMATS = {"": None, "toolhub": None, "openai": openai_tool, "anthropic": anthropic_tool}
-
-
 class ToolCatalogView(CallerView):
     @extend_schema(
         operation_id="tools_list",
@@ -94,7 +90,7 @@ class ToolCatalogView(CallerView):
         ),
         examples=examples.CATALOG,
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> HttpResponse:
         wire_format = request.query_params.get("format", "")
         if wire_format not in FORMATS:
             raise BadRequest(
@@ -102,15 +98,5 @@ class ToolCatalogView(CallerView):
                 [{"field": "format", "message": "use toolhub, openai or anthropic"}],
             )
         caller = self.caller(request)
-        allowed = catalog(caller.tenant, caller.principal, caller.user)
-        encode = FORMATS[wire_format]
-        tools = [encode(tool) if encode else tool_spec(tool, d) for tool, d in allowed]
-        body: dict[str, object] = {"tools": tools}
-        if not tools:
-            # Never a silent empty list: say why, so nobody runs a model tool-less by accident.
-            body["notice"] = (
-                f"No tool is available to {caller.principal} in tenant {caller.tenant.slug}: "
-                "no enabled policy allows an enabled tool that this principal may execute "
-                "(execute_tool permission)."
-            )
-        return Response(body)
+        body = catalog_body(caller.tenant, caller.principal, caller.user, wire_format)
+        return HttpResponse(body, content_type="application/json")
