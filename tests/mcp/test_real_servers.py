@@ -44,6 +44,7 @@ from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import add, enable
 from tests.mcp.test_remote_servers import approve_and_run
 from tests.mcp.test_server import connected, run
+from tests.mcp.test_server_2026 import client as client_2026
 from tests.mcp.test_server_http import post, rpc, start
 from tests.support.processes import stop
 from tests.support.server import Server, daphne, free_port
@@ -271,6 +272,31 @@ def test_upstream_progress_reaches_an_sdk_client_calling_through_toolhub(
     # REST callers are unaffected: the same tool answers JSON, its record as always.
     body = agent.invoke(LONG, args={"duration": 1, "steps": 2}).json()
     assert body["ok"] is True and texts(body)[0].startswith("Long running operation completed")
+
+
+@pytest.mark.server
+def test_upstream_progress_reaches_a_stateless_2026_client(toolhub):
+    """MCP 2026-07-28 has no session: the POST of the call itself streams the progress."""
+    add("everything", EVERYTHING, timeout_ms=20000)
+    agent = agent_for(LONG)
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def scenario() -> Any:
+        async with client_2026(toolhub, agent.key, "2026-07-28") as connected_client:
+            args = {"duration": 2, "steps": 4}
+            return await connected_client.call_tool(LONG, args, progress_callback=on_progress)
+
+    result = run(scenario())
+    assert result.is_error is False
+    assert [block.text for block in result.content if isinstance(block, types.TextContent)] == [
+        "Long running operation completed. Duration: 2 seconds, Steps: 4."
+    ]
+    assert seen == [(1, 4, None), (2, 4, None), (3, 4, None), (4, 4, None)]
+    (record,) = InvocationRecord.objects.filter(tool_id=LONG)
+    assert record.ok is True
 
 
 @pytest.mark.server

@@ -248,13 +248,16 @@ class McpEndpoint:
             if method == "subscriptions/listen":
                 await self.listen(scope, receive, send, key, request_id, meta, message["params"])
                 return
-            params, traceparent = message["params"], _header(scope, b"traceparent")
-            result = await _answer_modern(key, meta, method, params, headers, traceparent)
         except RpcError as exc:
             await _send(send, _modern_error(request_id, exc))
             return
-        reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
-        await _send(send, Reply(200, reply))
+        params, traceparent = message["params"], _header(scope, b"traceparent")
+        answer = (key, meta, method, params, headers, traceparent, request_id)
+        token = progress.requested(_header(scope, b"accept"), body)
+        if token is not None:  # a tools/call asking for progress, as in the older revisions
+            await _with_progress(send, progress.Forwarder(token), _modern_reply, *answer)
+            return
+        await _send(send, await _modern_reply(*answer))
 
     async def listen(
         self,
@@ -550,6 +553,23 @@ def _unauthorized() -> Reply:
 def _refusal(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
     """A refusal by the transport, its body a JSON-RPC error so MCP clients show the message."""
     return Reply(status, rpc_error(None, methods.INVALID_REQUEST, message), headers)
+
+
+async def _modern_reply(
+    key: ApiKey,
+    meta: dict[str, Any],
+    method: str,
+    params: dict[str, Any],
+    headers: dict[str, str],
+    traceparent: str | None,
+    request_id: Any,
+) -> Reply:
+    """A 2026-07-28 request's answer, or its error with the revision's HTTP status."""
+    try:
+        result = await _answer_modern(key, meta, method, params, headers, traceparent)
+    except RpcError as exc:
+        return _modern_error(request_id, exc)
+    return Reply(200, {"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
 def _modern_error(request_id: Any, exc: RpcError) -> Reply:
