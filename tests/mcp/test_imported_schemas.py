@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from apps.mcp.models import McpTool
 from apps.tools.wire import ROOT_REFUSED
 from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
+from tests.mcp.test_session_recovery import children, wait_gone
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 GIT_TOOLS = [
@@ -132,7 +135,7 @@ def test_every_tool_of_mcp_server_git_is_usable_after_a_sync(repo):
     assert_providers_accept(agent, log)
 
 
-def test_a_fastmcp_servers_pydantic_arguments_are_validated_and_forwarded_as_sent():
+def test_a_fastmcp_servers_pydantic_arguments_are_forwarded_as_sent_across_a_restart():
     add("typed", f"python {SERVERS}/schemas.py typed")
     order, maybe = "mcp__typed__place_order", "mcp__typed__maybe"
     assert not McpTool.objects.filter(server__name="typed").exclude(unusable_reason="").exists()
@@ -148,6 +151,13 @@ def test_a_fastmcp_servers_pydantic_arguments_are_validated_and_forwarded_as_sen
     }
     answer = json.loads(text_of(agent.invoke(order, args=sent).json()))
     assert answer["received"] == sent  # exactly as sent: the explicit nulls stay
+    # The server restarts between two calls: the next call starts it again, same schemas.
+    [first] = children("schemas.py")
+    os.kill(first, signal.SIGKILL)
+    wait_gone(first)
+    answer = json.loads(text_of(agent.invoke(order, args=sent).json()))
+    assert answer["received"] == sent
+    assert children("schemas.py") not in ([], [first])
     assert answer["parsed"]["items"][1] == {"sku": "XYZ-22", "quantity": 1}
     assert answer["parsed"]["colour"] == "green" and answer["parsed"]["ship_to"]["city"] is None
     assert json.loads(text_of(agent.invoke(maybe, args={"text": None}).json()))["received"] == {
