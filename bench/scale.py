@@ -1,0 +1,694 @@
+"""A year of traffic (issue 45): what lists, pages and calls cost as history grows.
+
+Builds synthetic history by direct inserts (bulk_create in large batches, never the API)
+in a throwaway database, growing it level by level (`--records 0,100000,1000000`), and at
+each level measures, in this process through Django's own handlers:
+
+- a no-op call (`POST /api/v1/invocations/`, p50/p99), and a dry-run decision;
+- each API list endpoint's first page and a deep one (cursor after ~`--deep` rows);
+- each admin changelist (first page, a deep page, an exact-id search, a text search);
+- the console's history (first page and after `--deep` rows by its keyset);
+- a run replay from `after=0` over the run of `--run-calls` calls (WebSocket, in process);
+- the tool catalog and MCP `tools/list` with `--tools` tools and `--rules` policies;
+- the sweeper's pass, a `/metrics` scrape and the overview's data.
+
+It prints one table per level with each figure beside its goal (MET / NOT MET) and writes
+`bench/results/scale-<date>-<database>.json`. PostgreSQL is a throwaway server of its own
+(tests/support/postgres.py), with the EXPLAIN of the deep pages in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS_DIR = ROOT / "bench" / "results"
+TENANTS = 100
+EVENTS_PER_RECORD = 3
+RUN_LENGTH = 20  # calls per ordinary run
+APPROVAL_EVERY = 100  # one record in a hundred was held for approval
+BATCH = 20_000
+YEAR = timedelta(days=365)
+LONG_RUN = "run-long"
+
+
+def say(text: str = "", flush: bool = True) -> None:
+    sys.stdout.write(text + "\n")
+    if flush:
+        sys.stdout.flush()
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def timed(fn: Callable[[], Any], samples: int) -> dict[str, float]:
+    fn()  # warm: caches, plans
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return {
+        "p50": round(statistics.median(times), 2),
+        "p95": round(percentile(times, 95), 2),
+        "p99": round(percentile(times, 99), 2),
+        "n": samples,
+    }
+
+
+# ------------------------------------------------------------------ the state
+
+
+def setup_django(database: str, stack: ExitStack, work: Path) -> str:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "toolhub.settings"
+    os.environ["TOOLHUB_VAR_DIR"] = str(work)
+    os.environ["TOOLHUB_SECRET_KEY"] = os.urandom(32).hex()
+    os.environ["TOOLHUB_ENCRYPTION_KEY"] = base64.urlsafe_b64encode(os.urandom(32)).decode()
+    # Replay is measured for the database's part: the stream's byte budget (256 KB/s by
+    # default) would otherwise set the pace of a 300,000-event replay by itself.
+    os.environ["TOOLHUB_WS_SEND_RATE"] = str(1 << 30)
+    os.environ["TOOLHUB_WS_SEND_BURST"] = str(1 << 30)
+    os.environ.pop("REDIS_URL", None)
+    os.environ["TOOLHUB_LOG_LEVEL"] = "WARNING"
+    os.environ["TOOLHUB_ALLOWED_HOSTS"] = "localhost"
+    if database == "postgresql":
+        from tests.support.postgres import postgres_server
+
+        os.environ["DATABASE_URL"] = stack.enter_context(postgres_server()).url
+    else:
+        os.environ["DATABASE_URL"] = f"sqlite:///{work / 'toolhub.sqlite3'}"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--noinput", verbosity=0)
+    return os.environ["DATABASE_URL"]
+
+
+class World:
+    """The tenants, the bench tenant's agent, a superuser, and how far history has grown."""
+
+    def __init__(self) -> None:
+        from django.contrib.auth.models import User
+
+        from apps.tenants.models import Tenant
+        from apps.tools.models import Tool
+        from apps.tools.registry import registry
+        from tests.conftest import allow, make_agent
+
+        Tool.objects.sync_registry(registry)
+        self.agent = make_agent("bench", "agent:bench")
+        allow(self.agent.tenant, "core__get_current_time")
+        Tenant.objects.bulk_create(
+            [Tenant(slug=f"t{i:03}", name=f"Tenant {i}") for i in range(TENANTS - 1)]
+        )
+        self.tenant_ids = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
+        self.admin = User.objects.create_superuser("bench-admin", "a@example.com", "pw-bench-1")
+        self.records = 0
+        self.approvals = 0
+        self.long_run_calls = 0
+
+
+@contextmanager
+def auto_now_off(*models: Any) -> Iterator[None]:
+    """bulk_create stamps auto_now_add fields with now; history needs its own times."""
+    fields = [m._meta.get_field("created_at") for m in models]
+    for field in fields:
+        field.auto_now_add = False
+    try:
+        yield
+    finally:
+        for field in fields:
+            field.auto_now_add = True
+
+
+def grow(world: World, target: int, run_calls: int) -> dict[str, Any]:
+    """Insert records (EVENTS_PER_RECORD events each, one approval per APPROVAL_EVERY)
+    until `target`, oldest first over the past year; the bench tenant's first
+    `run_calls` records form one long run."""
+    from django.db import transaction
+
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations.models import InvocationRecord, RunEvent
+
+    start = time.perf_counter()
+    now = datetime.now(UTC)
+    first = world.records
+    bench_tenant = world.agent.tenant.pk
+    counts = {"records": 0, "events": 0, "approvals": 0}
+    with auto_now_off(InvocationRecord, ApprovalRequest):
+        for lo in range(first, target, BATCH):
+            hi = min(target, lo + BATCH)
+            records, events, approvals = [], [], []
+            for i in range(lo, hi):
+                # i counts from the oldest; spread over the year, 0 long ago, target ~now.
+                at = now - YEAR + YEAR * (i / max(target, 1)) - timedelta(minutes=5)
+                if world.long_run_calls < run_calls:
+                    tenant, run, seq0 = bench_tenant, LONG_RUN, world.long_run_calls * 3
+                    world.long_run_calls += 1
+                else:
+                    tenant = world.tenant_ids[i % TENANTS]
+                    run, seq0 = f"run-{i // (RUN_LENGTH * TENANTS)}-{i % TENANTS}", 0
+                    seq0 = ((i // TENANTS) % RUN_LENGTH) * EVENTS_PER_RECORD
+                rid = uuid.uuid4()
+                call = f"call-{i}"
+                records.append(
+                    InvocationRecord(
+                        id=rid,
+                        tenant_id=tenant,
+                        tool_id="core__get_current_time",
+                        tool_ref="core__get_current_time",
+                        tool_call_id=call,
+                        run_id=run,
+                        principal=f"agent:a{i % 7}",
+                        status="succeeded",
+                        ok=True,
+                        args={},
+                        result={"iso": at.isoformat()},
+                        policy_rule="allow",
+                        created_at=at,
+                        started_at=at,
+                        ended_at=at + timedelta(milliseconds=3),
+                        duration_ms=3,
+                    )
+                )
+                for k, kind in enumerate(
+                    ("tool_call_start", "tool_call_progress", "tool_call_result")
+                ):
+                    seq = seq0 + k + 1
+                    events.append(
+                        RunEvent(
+                            tenant_id=tenant,
+                            run_id=run,
+                            seq=seq,
+                            type=kind,
+                            tool_call_id=call,
+                            tool_id="core__get_current_time",
+                            message={
+                                "type": kind,
+                                "seq": seq,
+                                "runId": run,
+                                "toolCallId": call,
+                                "toolId": "core__get_current_time",
+                                "at": at.isoformat(),
+                            },
+                            at=at,
+                        )
+                    )
+                if i % APPROVAL_EVERY == 0:
+                    approvals.append(
+                        ApprovalRequest(
+                            tenant_id=tenant,
+                            invocation_id=rid,
+                            tool_id="core__get_current_time",
+                            status=ApprovalStatus.SUCCEEDED,
+                            principal=f"agent:a{i % 7}",
+                            requested_by_id=world.admin.pk,
+                            run_id=run,
+                            tool_call_id=call,
+                            args={},
+                            original_args={},
+                            bound_hash="0" * 64,
+                            hold_reason="bench",
+                            expires_at=at + timedelta(minutes=15),
+                            decided_by_id=world.admin.pk,
+                            decided_at=at + timedelta(seconds=30),
+                            decision_reason="ok",
+                            created_at=at,
+                        )
+                    )
+            with transaction.atomic():
+                InvocationRecord.objects.bulk_create(records, batch_size=5_000)
+                RunEvent.objects.bulk_create(events, batch_size=5_000)
+                ApprovalRequest.objects.bulk_create(approvals, batch_size=5_000)
+            counts["records"] += len(records)
+            counts["events"] += len(events)
+            counts["approvals"] += len(approvals)
+    world.records = target
+    world.approvals += counts["approvals"]
+    analyze()
+    return {**counts, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def analyze() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+
+def build_catalog(world: World, tools: int, rules: int) -> dict[str, Any]:
+    """`tools` enabled tools the bench tenant's agents may execute, and `rules` policies
+    (each listing 10 of them; one in ten with a condition)."""
+    from django.contrib.contenttypes.models import ContentType
+    from guardian.models import GroupObjectPermission
+
+    from apps.policies.models import Policy
+    from apps.tenants.principals import agents_group
+    from apps.tools.models import Tool
+
+    start = time.perf_counter()
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    Tool.objects.bulk_create(
+        [
+            Tool(
+                id=f"bench__tool_{i:05}",
+                name=f"tool_{i:05}",
+                description=f"Synthetic tool {i}",
+                input_schema=schema,
+                schema_hash=f"{i:016x}",
+                effect="read_only",
+                consequence_level="low",
+                source="core",
+                enabled=True,
+            )
+            for i in range(tools)
+        ],
+        batch_size=5_000,
+    )
+    group = agents_group(world.agent.tenant)
+    kind = ContentType.objects.get_for_model(Tool)
+    from django.contrib.auth.models import Permission
+
+    perm = Permission.objects.get(codename="execute_tool", content_type=kind)
+    GroupObjectPermission.objects.bulk_create(
+        [
+            GroupObjectPermission(
+                group=group, permission=perm, content_type=kind, object_pk=f"bench__tool_{i:05}"
+            )
+            for i in range(tools)
+        ],
+        batch_size=5_000,
+    )
+    policies = Policy.objects.bulk_create(
+        [Policy(tenant=world.agent.tenant, name=f"rule {i}") for i in range(rules)],
+        batch_size=1_000,
+    )
+    through = Policy.tools.through
+    through.objects.bulk_create(
+        [
+            through(policy_id=p.pk, tool_id=f"bench__tool_{(i * 10 + k) % tools:05}")
+            for i, p in enumerate(policies)
+            for k in range(10)
+        ],
+        batch_size=5_000,
+    )
+    from apps.tenants.epoch import bump
+
+    bump()
+    return {"tools": tools, "rules": rules, "seconds": round(time.perf_counter() - start, 1)}
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def measure(world: World, samples: int, deep: int, explain: bool) -> dict[str, Any]:
+    from django.test import Client
+
+    from apps.invocations.models import InvocationRecord
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {world.agent.key}", HTTP_HOST="localhost")
+    staff = Client(HTTP_HOST="localhost")
+    staff.force_login(world.admin)
+    out: dict[str, Any] = {}
+
+    def get(client: Client, path: str, **params: Any) -> Callable[[], Any]:
+        def go() -> Any:
+            response = client.get(path, params)
+            assert response.status_code == 200, (path, response.status_code, response.content[:300])
+            return response
+
+        return go
+
+    def post_call() -> None:
+        response = api.post(
+            "/api/v1/invocations/",
+            {"toolId": "core__get_current_time"},
+            content_type="application/json",
+        )
+        assert response.status_code in (200, 201), response.content[:300]
+
+    out["call"] = timed(post_call, samples * 3)
+    out["dry_run"] = timed(
+        lambda: api.post(
+            "/api/v1/simulations/",
+            {"toolId": "core__get_current_time"},
+            content_type="application/json",
+        ),
+        samples,
+    )
+
+    def deep_cursor(path: str) -> str | None:
+        """The cursor of the page after ~`deep` rows (following next links, 200 a page)."""
+        url: str | None = path + "?page_size=200" if "approvals" not in path else path
+        seen = 0
+        while url and seen < deep:
+            body = api.get(url).json()
+            seen += len(body["results"])
+            url = body["next"]
+        return url
+
+    for name, path in (
+        ("invocations", "/api/v1/invocations/"),
+        ("approvals", "/api/v1/approvals/"),
+    ):
+        out[f"api_{name}_first"] = timed(get(api, path), samples)
+        cursor_url = deep_cursor(path)
+        if cursor_url:
+            out[f"api_{name}_deep"] = timed(get(api, cursor_url), samples)
+    out["api_connections"] = timed(get(api, "/api/v1/connections/"), samples)
+
+    from apps.approvals.models import ApprovalRequest
+    from apps.invocations.models import RunEvent
+    from apps.policies.models import Policy
+    from apps.tools.models import Tool
+    from toolhub.paging import COUNT_CAP
+
+    admins = {
+        "records": ("/admin/invocations/invocationrecord/", InvocationRecord),
+        "events": ("/admin/invocations/runevent/", RunEvent),
+        "approvals": ("/admin/approvals/approvalrequest/", ApprovalRequest),
+        "tools": ("/admin/tools/tool/", Tool),
+        "policies": ("/admin/policies/policy/", Policy),
+    }
+    some = InvocationRecord.objects.order_by().values_list("run_id", flat=True).first() or "none"
+    for name, (path, model) in admins.items():
+        out[f"admin_{name}"] = timed(get(staff, path), samples)
+        rows = min(model._default_manager.order_by()[: COUNT_CAP + 1].count(), COUNT_CAP)
+        last = (rows + 99) // 100  # ?p= counts from 1 (100 rows a page)
+        if last > 1:
+            page = min(last, deep // 100 + 1)
+            out[f"admin_{name}_deep"] = timed(get(staff, path, p=str(page)), samples)
+        out[f"admin_{name}_search_id"] = timed(get(staff, path, q=some), samples)
+        out[f"admin_{name}_search_text"] = timed(get(staff, path, q="agent"), samples)
+
+    out["console_history"] = timed(get(staff, "/console/history/"), samples)
+    before = None
+    for _ in range(max(1, deep // 50)):
+        listed = staff.get("/console/history/", {"before": before} if before else {})
+        text = listed.content.decode()
+        marker = "before="
+        if marker not in text:
+            break
+        from html import unescape
+        from urllib.parse import unquote
+
+        before = unquote(unescape(text.split(marker, 1)[1].split('"', 1)[0]))
+    if before:
+        out["console_history_deep"] = timed(get(staff, "/console/history/", before=before), samples)
+
+    out["catalog_cold"], out["catalog"] = catalog_timings(api, samples)
+    out["mcp_tools_list"] = mcp_tools_list(world, samples)
+    out["replay"] = replay(world) if world.long_run_calls else None
+
+    # The sweeper, /metrics and the overview are helper flatcost's (issue 45): measured
+    # here as the tree has them; a failure is reported, not fatal.
+    for key, fn in (
+        ("sweep", sweep_once),
+        ("metrics", get(staff, "/metrics")),
+        ("overview", get(staff, "/console/overview/data/")),
+    ):
+        try:
+            out[key] = timed(fn, max(3, samples // 3))
+        except Exception as exc:
+            out[key] = {"error": repr(exc)[:300]}
+    if explain:
+        out["explain"] = explains(world)
+    return out
+
+
+def sweep_once() -> None:
+    from apps.approvals import tasks
+
+    tasks.sweep()
+
+
+def catalog_timings(api: Any, samples: int) -> tuple[dict[str, float], dict[str, float]]:
+    from apps.tenants.epoch import bump
+
+    def cold() -> None:
+        bump()
+        response = api.get("/api/v1/tools/")
+        assert response.status_code == 200
+
+    def warm() -> None:
+        assert api.get("/api/v1/tools/").status_code == 200
+
+    listed = len(api.get("/api/v1/tools/").json()["tools"]) if samples else 0
+    cold_t = timed(cold, max(3, samples // 3))
+    warm_t = timed(warm, samples)
+    cold_t["listed"] = warm_t["listed"] = listed
+    return cold_t, warm_t
+
+
+def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    from asgiref.sync import async_to_sync
+    from asgiref.testing import ApplicationCommunicator
+
+    from toolhub.asgi import application
+
+    raw = json.dumps(body).encode()
+
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "scheme": "http",
+            "server": ("localhost", 80),
+            "client": ("127.0.0.1", 40000),
+            "headers": [(b"host", b"localhost"), (b"content-length", str(len(raw)).encode())]
+            + [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        }
+        app = ApplicationCommunicator(application, scope)
+        await app.send_input({"type": "http.request", "body": raw, "more_body": False})
+        start = await app.receive_output(60)
+        chunks = []
+        while True:
+            message = await app.receive_output(60)
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        await app.wait(5)
+        heads = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
+        return start["status"], heads, b"".join(chunks)
+
+    return async_to_sync(go)()
+
+
+def mcp_tools_list(world: World, samples: int) -> dict[str, Any]:
+    headers = {
+        "Authorization": f"Bearer {world.agent.key}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "0"},
+        },
+    }
+    status, heads, text = asgi_http("/mcp/", init, headers)
+    if status != 200:
+        return {"error": f"initialize answered {status}: {text[:200]!r}"}
+    session = {**headers, "Mcp-Session-Id": heads.get("mcp-session-id", "")}
+    listed = 0
+
+    def one() -> None:
+        nonlocal listed
+        status, _, text = asgi_http(
+            "/mcp/", {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session
+        )
+        assert status == 200, text[:200]
+        listed = len(json.loads(text)["result"]["tools"])
+
+    result: dict[str, Any] = timed(one, samples)
+    result["listed_first_page"] = listed
+    return result
+
+
+def replay(world: World) -> dict[str, Any]:
+    """A run stream from after=0 over the long run, in process; the queries it made."""
+    from asgiref.sync import async_to_sync
+    from channels.testing import WebsocketCommunicator
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from toolhub.asgi import application
+
+    expected = world.long_run_calls * EVENTS_PER_RECORD
+
+    async def go() -> int:
+        ws = WebsocketCommunicator(
+            application,
+            f"/ws/v1/runs/{LONG_RUN}/?after=0",
+            headers=[
+                (b"authorization", f"Bearer {world.agent.key}".encode()),
+                (b"host", b"localhost"),
+            ],
+        )
+        connected, _ = await ws.connect(timeout=30)
+        assert connected
+        got = 0
+        while got < expected:
+            await ws.receive_from(timeout=60)
+            got += 1
+        await ws.disconnect()
+        return got
+
+    start = time.perf_counter()
+    got = async_to_sync(go)()
+    seconds = time.perf_counter() - start
+    del connection, CaptureQueriesContext
+    return {"events": got, "seconds": round(seconds, 2), "events_per_s": round(got / seconds)}
+
+
+def explains(world: World) -> dict[str, str]:
+    """PostgreSQL's plans for the deep pages and the admin's first page."""
+    from django.db import connection
+
+    from apps.approvals.models import ApprovalRequest
+    from apps.invocations.models import InvocationRecord
+
+    if connection.vendor != "postgresql":
+        return {}
+    tenant = world.agent.tenant.pk
+    some = (
+        InvocationRecord.objects.filter(tenant_id=tenant).order_by("-created_at")[5000:5001].first()
+    )
+    at = some.created_at if some else datetime.now(UTC)
+    queries = {
+        "api_invocations_deep": InvocationRecord.objects.filter(
+            tenant_id=tenant, created_at__lt=at
+        ).order_by("-created_at")[:51],
+        "admin_records_superuser": InvocationRecord.objects.order_by("-created_at", "-id")[
+            9900:10000
+        ],
+        "admin_records_count": InvocationRecord.objects.order_by()[:10001],
+        "api_approvals_first": ApprovalRequest.objects.filter(tenant_id=tenant).order_by(
+            "-created_at"
+        )[:51],
+    }
+    plans = {}
+    for name, queryset in queries.items():
+        plans[name] = queryset.explain(analyze=True)
+    return plans
+
+
+# ------------------------------------------------------------------ the report
+
+GOALS: list[tuple[str, str, Callable[[dict[str, Any], dict[str, Any]], bool | None]]] = []
+
+
+def verdicts(level: dict[str, Any], empty: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows = []
+
+    def row(label: str, value: Any, goal: str, met: bool | None) -> None:
+        rows.append((label, value, goal, "" if met is None else ("MET" if met else "NOT MET")))
+
+    def p(key: str, q: str = "p95") -> float | None:
+        entry = level.get(key)
+        return entry.get(q) if isinstance(entry, dict) else None
+
+    call, base = level["call"], empty["call"]
+    row("call p50 ms", call["p50"], "≤ 110 % of empty", call["p50"] <= base["p50"] * 1.1)
+    row("call p99 ms", call["p99"], "≤ 110 % of empty", call["p99"] <= base["p99"] * 1.1)
+    row("call p99/p50", round(call["p99"] / call["p50"], 2), "≤ 3 (from outside: calls.py)", None)
+    row("decision (dry run) p50 ms", p("dry_run", "p50"), "≤ 20", (p("dry_run", "p50") or 0) <= 20)
+    for key in sorted(level):
+        if key.startswith(("api_", "admin_", "console_history")) and isinstance(level[key], dict):
+            value = p(key)
+            row(f"{key} p95 ms", value, "≤ 100", value is not None and value <= 100)
+    for key in ("catalog", "catalog_cold", "mcp_tools_list"):
+        value = p(key, "p50")
+        listed = level[key].get("listed", level[key].get("listed_first_page"))
+        row(
+            f"{key} p50 ms ({listed} listed)",
+            value,
+            "≤ 20",
+            value is not None and value <= 20,
+        )
+    if level.get("replay"):
+        r = level["replay"]
+        row(f"replay from 0: {r['events']} events, s", r["seconds"], "batched (100 a query)", None)
+    for key in ("sweep", "metrics", "overview"):
+        if level.get(key):
+            row(f"{key} p50 ms", p(key, "p50") or level[key].get("error"), "flat", None)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", default="0,100000,1000000")
+    parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--tools", type=int, default=10_000)
+    parser.add_argument("--rules", type=int, default=1_000)
+    parser.add_argument("--run-calls", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--deep", type=int, default=5_000, help="rows before the deep page")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.records.split(",")]
+
+    report: dict[str, Any] = {"database": args.database, "args": vars(args), "levels": {}}
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    output = Path(args.output) if args.output else RESULTS_DIR / f"scale-{day}-{args.database}.json"
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="toolhub-scale-") as tmp:
+        setup_django(args.database, stack, Path(tmp))
+        world = World()
+        report["catalog_build"] = build_catalog(world, args.tools, args.rules)
+        say(f"catalog: {report['catalog_build']}")
+        empty: dict[str, Any] | None = None
+        for level in levels:
+            built = grow(world, level, args.run_calls)
+            say(f"\n== {level:,} records ({args.database}); build {built}")
+            figures = measure(world, args.samples, args.deep, explain=level == levels[-1])
+            figures["build"] = built
+            empty = empty or figures
+            report["levels"][str(level)] = figures
+            for label, value, goal, met in verdicts(figures, empty):
+                say(f"  {label:<52} {value!s:>10}  {goal:<28} {met}")
+            write(report, output)  # after each level: a long run keeps what it measured
+    say(f"\nwrote {output}")
+
+
+def write(report: dict[str, Any], output: Path) -> None:
+    head = (ROOT / ".git" / "HEAD").read_text().strip()
+    if head.startswith("ref: "):
+        head = (ROOT / ".git" / head.removeprefix("ref: ")).read_text().strip()
+    report["commit"] = head
+    report["nproc"] = os.cpu_count()
+    report["load_average"] = os.getloadavg()
+    output.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
