@@ -105,7 +105,9 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         tool = self.get_object(request, object_id)
         context = {**(extra_context or {})}
         if tool is not None:
-            context["used_by_policies"] = policies_using(tool, staff_tenants(request.user))
+            # Only tenants where the role shows policies (not where it only decides).
+            tenants = staff_tenants(request.user, "policies.view_policy")
+            context["used_by_policies"] = policies_using(tool, tenants)
         return super().change_view(request, object_id, form_url, context)
 
 

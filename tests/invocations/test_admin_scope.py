@@ -1,9 +1,10 @@
 """Staff see only their own tenants' records in the admin."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 
+from apps.tenants.roles import Role, grant_role
 from tests.conftest import allow, make_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,10 +16,7 @@ def test_staff_see_only_their_tenants_records_and_events_in_the_admin():
         allow(agent.tenant, "core__get_current_time")
         agent.invoke("core__get_current_time", args={}, runId=f"run-{text}")
     viewer = User.objects.create_user("vera", password="pw-vera-1234", is_staff=True)
-    viewer.user_permissions.add(
-        *Permission.objects.filter(codename__in=["view_invocationrecord", "view_runevent"])
-    )
-    acme.tenant.members.add(viewer)
+    grant_role(viewer, acme.tenant, Role.OPERATOR)  # views records and events
     client = Client()
     client.force_login(viewer)
 

@@ -195,3 +195,11 @@ def test_roles_are_per_tenant_and_regranting_replaces_only_that_tenants(world):
     assert Membership.objects.get(user=dana, tenant=acme).role == Role.OPERATOR
     assert not dana.has_perm("policies.change_policy", world["acme"]["policy"])
     assert dana.has_perm("policies.change_policy", world["globex"]["policy"])
+
+
+def test_the_tool_page_lists_only_the_policies_her_role_shows(world):
+    page = browser(world["dana"]).get("/admin/tools/tool/test__confirm/change/")
+    assert page.status_code == 200
+    used = page.context["used_by_policies"]
+    assert world["acme"]["policy"] in used
+    assert world["globex"]["policy"] not in used
