@@ -763,8 +763,20 @@ def lookup_tool(call: Call) -> None:
     """1. The tool must exist, be enabled by staff and still be provided."""
     tool = Tool.objects.current(call.tool_ref)
     registered = sources.get_tool(call.tool_ref)
-    if tool is None or registered is None or not tool.available:
-        raise Refusal(ErrorCode.UNAVAILABLE, f"There is no tool {call.tool_ref[:140]!r}.")
+    if tool is None:
+        raise Refusal(
+            ErrorCode.UNAVAILABLE,
+            f"There is no tool {call.tool_ref[:140]!r}. "
+            "GET /api/v1/tools/ lists the tools this caller may use.",
+        )
+    if registered is None or not tool.available:
+        # Tool ids are global and not secret (docs/security.md): it may say which case.
+        if not tool.enabled:
+            raise Refusal(ErrorCode.UNAVAILABLE, f"The tool {tool.id} is disabled.")
+        raise Refusal(
+            ErrorCode.UNAVAILABLE,
+            f"The tool {tool.id} is not provided now: its code or MCP server does not offer it.",
+        )
     call.tool, call.registered = tool, registered
     if not tool.enabled:
         raise Refusal(ErrorCode.UNAVAILABLE, f"The tool {tool.id} is disabled.")
@@ -820,7 +832,10 @@ def check_connection(call: Call) -> None:
     connection_id = call.request.connection_id
     if not connection_id:
         raise Refusal(
-            ErrorCode.POLICY_DENIED, f"{call.tool.id} needs a connection; none was given."
+            ErrorCode.POLICY_DENIED,
+            f"{call.tool.id} needs a connection; none was given. GET /api/v1/connections/ "
+            "lists the connections this caller may use: send one's id as connectionId "
+            '(over /mcp/: params._meta["toolhub/connectionId"]).',
         )
     caller = call.caller
     # A run id minted for this call (none was sent) is named by no grant yet: only the

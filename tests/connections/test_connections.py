@@ -237,7 +237,8 @@ def test_http_request_without_a_connection_id_is_policy_denied(caller):
     usable(make_connection(caller.tenant))
     code, message = failure(call_http(caller, None))
     assert code == "policy_denied"
-    assert message == f"{HTTP} needs a connection; none was given."
+    assert message.startswith(f"{HTTP} needs a connection; none was given. ")
+    assert "GET /api/v1/connections/" in message
 
 
 def test_a_forged_uuid_is_policy_denied(caller):

@@ -162,6 +162,8 @@ def invoke(
             args=arguments or {},
             run_id=meta.get("runId") or session.run_id,
             tool_call_id=meta.get("toolCallId"),
+            # The REST body's connectionId (a tool that takes a connection needs one).
+            connection_id=meta.get("toolhub/connectionId"),
         )
     except ValidationError as exc:
         fields = "; ".join(
