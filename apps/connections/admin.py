@@ -111,11 +111,15 @@ class ConnectionForm(forms.ModelForm[Connection]):
 @admin.register(Connection)
 class ConnectionAdmin(TenantScopedGuardedAdmin):
     form = ConnectionForm
-    list_display = ("name", "tenant", "kind", "allowed_hosts", "allow_private_network", "id")
+    list_display = ("name", "tenant", "kind", "hosts", "allow_private_network", "id")
     list_filter = ("tenant", "kind")
     search_fields = ("name",)
     readonly_fields = ("id", "secret_status", "created_at", "updated_at")
     superuser_only_fields = ("allow_private_network",)
+
+    @admin.display(description="allowed hosts")
+    def hosts(self, obj: Connection) -> str:
+        return ", ".join(obj.allowed_hosts)  # not the JSON list
 
     @admin.display(description="secret")
     def secret_status(self, obj: Connection) -> str:

@@ -507,6 +507,13 @@ class ApiKeyAdmin(TenantScopedAdmin):
         # The key is bound to its tenant's service user for this principal when created.
         return [*fields, "tenant", "principal"] if obj is not None else fields
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if obj is None:  # a key being made has no prefix, dates or revocation yet
+            unset = {"display_prefix", "created_at", "last_used_at", "revoked_at"}
+            fields = [f for f in fields if f not in unset]
+        return fields
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         raw = None
         if not change:
