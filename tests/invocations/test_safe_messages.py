@@ -42,8 +42,9 @@ CONFIGURATION = re.compile(
     r"\bTOOLHUB_[A-Z0-9_]+|\bDATABASE_URL\b|\bREDIS_URL\b|\bDJANGO_[A-Z_]+|"
     r"\bmanage\.py\b|\bmcp_(?:sync|add)\b"
 )
-# An absolute file-system path ("at /srv/app.py", "'/usr/bin/x'"); not a URL's "//host/".
-ABSOLUTE_PATH = re.compile(r"(?:^|[\s'\"(\[=])/[\w.@-]+/")
+# An absolute file-system path ("at /srv/app.py", "'/usr/bin/x'"); not a URL's "//host/",
+# nor toolhub's own API ("GET /api/v1/tools/ lists the tools": a direction to the agent).
+ABSOLUTE_PATH = re.compile(r"(?:^|[\s'\"(\[=])/(?!api/v1/)[\w.@-]+/")
 
 
 @dataclass
