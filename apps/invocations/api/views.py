@@ -109,7 +109,8 @@ class InvocationListView(CallerView):
             if param in params:
                 records = records.filter(**{field: params[param]})
         paginator = NewestFirst()
-        page = paginator.paginate_queryset(records, request, view=self)
+        # The page's approvals in its own query (approvalId), not one query per record.
+        page = paginator.paginate_queryset(records.select_related("approval"), request, view=self)
         return paginator.get_paginated_response(InvocationSerializer(page, many=True).data)
 
 
