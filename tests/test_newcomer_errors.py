@@ -82,7 +82,7 @@ def http_agent(transactional_db: None) -> Agent:
     return agent
 
 
-def call_over_mcp(server: Server, key: str, meta: dict[str, Any] | None) -> Any:
+def call_over_mcp(server: Server, key: str, meta: dict[str, Any] | None, tool: str = HTTP) -> Any:
     async def scenario() -> Any:
         headers = {"Authorization": f"Bearer {key}"}
         async with (
@@ -91,7 +91,7 @@ def call_over_mcp(server: Server, key: str, meta: dict[str, Any] | None) -> Any:
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            return await session.call_tool(HTTP, {"url": OUTSIDE}, meta=cast(Any, meta))
+            return await session.call_tool(tool, {"url": OUTSIDE}, meta=cast(Any, meta))
 
     return asyncio.run(asyncio.wait_for(scenario(), 60))
 
@@ -119,3 +119,12 @@ def test_over_mcp_a_missing_connection_names_the_endpoint_and_the_meta_key(serve
     text = text_of(result)
     assert f"{HTTP} needs a connection; none was given." in text
     assert "GET /api/v1/connections/" in text and 'params._meta["toolhub/connectionId"]' in text
+
+
+@pytest.mark.server
+def test_over_mcp_a_disabled_tool_no_source_provides_is_disabled_not_unknown(server, agent):
+    imported_tool("mcp__old__lookup", enabled=False, available=True)
+    allow(agent.tenant, "mcp__old__lookup")
+    result = call_over_mcp(server, agent.key, None, tool="mcp__old__lookup")
+    assert result.is_error is True
+    assert text_of(result) == "unavailable: The tool mcp__old__lookup is disabled."

@@ -178,9 +178,12 @@ def invoke(
 
 def known_tool(tool_id: str) -> bool:
     """Whether a tool of that id exists and is provided (runner step 1's "There is no
-    tool" otherwise); a disabled or forbidden tool is known, and the runner answers it."""
+    tool" otherwise); a disabled or forbidden tool is known, and the runner answers it
+    (a disabled one that no source provides, an unusable import, too: "is disabled")."""
     tool = Tool.objects.current(tool_id)
-    return tool is not None and tool.available and sources.get_tool(tool_id) is not None
+    if tool is None or not tool.available:
+        return False
+    return not tool.enabled or sources.get_tool(tool_id) is not None
 
 
 def task_record(caller: Caller, params: dict[str, Any]) -> InvocationRecord:
