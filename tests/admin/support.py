@@ -20,6 +20,7 @@ from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
 from apps.planning.models import Plan, PlanStep
 from apps.policies.models import Outcome, Policy, PolicyRule
+from apps.retention.models import PruneMark, RetentionPolicy
 from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import agents_group
 from apps.tenants.roles import Role, grant_role
@@ -97,6 +98,8 @@ def populate(slug: str) -> User:
         hold_reason=f"{slug} needs a human",
         expires_at=timezone.now() + timedelta(hours=1),
     )
+    RetentionPolicy.objects.create(tenant=tenant, days=400)
+    PruneMark.objects.create(tenant=tenant, before=timezone.now(), pruned_at=timezone.now())
     plan = Plan.objects.create(tenant=tenant, run_id=f"{slug}-run", objective=f"{slug} plan")
     PlanStep.objects.create(plan=plan, step_id=1, title=f"{slug} step")
     # MCP servers belong to no tenant (superusers only); one per slug so the walker has rows.
