@@ -463,7 +463,7 @@ async def test_an_approvals_stream_that_cannot_keep_up_is_closed_with_4008(
     settings.TOOLHUB_WS_QUEUED_EVENTS = 2
     checking = asyncio.Event()
 
-    async def stuck(self: ApprovalsConsumer, tool_id: str) -> bool:
+    async def stuck(self: ApprovalsConsumer, tenant_id: int, tool_id: str) -> bool:
         checking.set()
         await asyncio.sleep(30)  # a permission check that never comes back
         return True
