@@ -126,6 +126,7 @@ DROPPED_IN = {
     "mcp": ("0001_servers_and_imported_tools", "0002_redundant_indexes"),
     "planning": ("0001_initial", "0002_redundant_indexes"),
     "policies": ("0001_initial", "0002_redundant_indexes"),
+    "tenants": ("0005_split_service_users", "0006_membership_redundant_index"),
 }
 
 

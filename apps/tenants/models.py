@@ -79,7 +79,10 @@ class Membership(models.Model):
     """A staff user's role in one tenant. Permission checks on a tenant's rows ask this
     role (apps.tenants.backends), never a global permission."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    # db_index=False: the (tenant, user) unique constraint leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="memberships", db_index=False
+    )
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
