@@ -224,10 +224,10 @@ def test_a_slow_call_hands_the_rest_of_its_batch_to_other_workers_at_once(
     release = threading.Event()
     run_tool = runner._run_tool
 
-    def slow_for_one(execute_fn, params, ctx, caps):
+    def slow_for_one(execute_fn, params, ctx, caps, *rest):
         if getattr(params, "token", "") == "slow":
             assert release.wait(10), "the test never let the slow call end"
-        return run_tool(execute_fn, params, ctx, caps)
+        return run_tool(execute_fn, params, ctx, caps, *rest)
 
     monkeypatch.setattr(runner, "_run_tool", slow_for_one)
     held = approved(caller, operator, tally, "slow", "q1", "q2")
