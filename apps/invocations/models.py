@@ -94,9 +94,6 @@ class InvocationRecord(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),
             models.Index(fields=["tool"], name="invocations_tool_idx"),
-            # A superuser's admin list (every tenant, newest first, then by id): without it
-            # each page sorts the whole table (EXPLAIN in docs/performance.md, scale bench).
-            models.Index(fields=["-created_at", "-id"], name="invocations_newest_idx"),
             # The calls not ended yet, a handful whatever the history: what the sweeper's
             # settle_abandoned_records and the in-flight counts read. A condition without
             # parameters: SQLite matches `ended_at IS NULL`, not an IN list sent as `?`s.
