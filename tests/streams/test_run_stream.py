@@ -374,6 +374,9 @@ def still_connected(sock: socket.socket) -> bool:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED
 
 
+# Daphne's memory and keepalives, not the database: one leg (the gate's legs are balanced
+# by these two, its slowest tests).
+@pytest.mark.one_leg("postgresql")
 @pytest.mark.parametrize(
     "daphne_args",
     [
@@ -458,6 +461,7 @@ def read_whole_run(server: str, path: str, agent, count: int) -> int:
     return last
 
 
+@pytest.mark.one_leg("sqlite")
 def test_replaying_a_long_run_to_clients_that_never_read_does_not_pin_its_history(test_tools):
     """A valid key and ?after=0 on a run with a long history, opened several times and
     never read: the server must not hold the history once per connection."""
