@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import User
 from django.db.models import JSONField, QuerySet
@@ -11,7 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from apps.approvals import decisions
-from apps.approvals.models import ApprovalRequest, Vote
+from apps.approvals.models import ApprovalRequest, ApprovalWebhook, Vote, WebhookDelivery
 from apps.invocations import links
 from apps.tenants.admin import ScopedChoicesMixin, TenantScopedAdmin
 
@@ -127,3 +128,118 @@ class ApprovalRequestAdmin(TenantScopedAdmin):
             messages.success(request, f"{done} request(s) {decision}d.")
         for line in refused:
             messages.error(request, line)
+
+
+class ApprovalWebhookForm(forms.ModelForm[ApprovalWebhook]):
+    """A tenant's staff may point a webhook anywhere public; a superuser decides whether it
+    may reach the host's private networks, for the URL it had then (a tenant admin who
+    changes that URL needs a superuser again). Rules must be the webhook's tenant's."""
+
+    # Set by TenantScopedAdmin.get_form: only a superuser may change egress.
+    edited_by_superuser = False
+
+    signing_secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput,
+        help_text="Signs every message (X-Toolhub-Signature); write-only, blank keeps it.",
+    )
+
+    class Meta:
+        model = ApprovalWebhook
+        fields = ["tenant", "name", "format", "url", "rules", "enabled", "private_network"]
+
+    def clean_url(self) -> str:
+        url: str = self.cleaned_data["url"]
+        opened = self.instance.pk is not None and self.instance.private_network
+        if opened and not self.edited_by_superuser and url != self.instance.url:
+            raise forms.ValidationError(
+                "This webhook may reach private and loopback addresses, which a superuser "
+                "allowed for its current URL: only a superuser may change it."
+            )
+        return url
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        tenant = data.get("tenant") or (self.instance.tenant if self.instance.pk else None)
+        foreign = [
+            rule
+            for rule in data.get("rules") or []
+            if rule.policy.tenant_id != getattr(tenant, "pk", None)
+        ]
+        if tenant is not None and foreign:
+            self.add_error(
+                "rules",
+                "Rules of another tenant's policies cannot trigger this webhook: "
+                + ", ".join(str(rule.pk) for rule in foreign),
+            )
+        return data
+
+    def save(self, commit: bool = True) -> ApprovalWebhook:
+        if self.cleaned_data.get("signing_secret"):
+            self.instance.set_secret(self.cleaned_data["signing_secret"])
+        return super().save(commit)
+
+
+class DeliveryInline(admin.TabularInline[WebhookDelivery, ApprovalWebhook]):
+    model = WebhookDelivery
+    fk_name = "webhook"
+    extra = 0
+    max_num = 0
+    can_delete = False
+    fields = ("created_at", "approval", "status", "attempts", "last_status", "last_error")
+    readonly_fields = fields
+    ordering = ("-created_at",)
+    show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
+        # The newest few: a busy webhook has a delivery per held call.
+        pks = super().get_queryset(request).order_by("-created_at").values("pk")[:20]
+        return super().get_queryset(request).filter(pk__in=pks)
+
+
+@admin.register(ApprovalWebhook)
+class ApprovalWebhookAdmin(TenantScopedAdmin):
+    """A tenant's chat channels and receivers for held calls; their recent deliveries."""
+
+    form = ApprovalWebhookForm
+    list_display = ("name", "tenant", "format", "url", "enabled", "private_network")
+    list_filter = ("tenant", "format", "enabled")
+    search_fields = ("name",)
+    superuser_only_fields = ("private_network",)
+    readonly_fields = ("secret_status", "created_at")
+    filter_horizontal = ("rules",)
+    inlines = [DeliveryInline]
+
+    @admin.display(description="signing secret")
+    def secret_status(self, obj: ApprovalWebhook) -> str:
+        return "stored (encrypted; never shown)" if obj.secret else "none: messages are unsigned"
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(TenantScopedAdmin):
+    """Every announcement of a held call to a webhook, and how it went (read-only)."""
+
+    list_display = (
+        "created_at",
+        "tenant",
+        "webhook",
+        "approval",
+        "status",
+        "attempts",
+        "last_status",
+    )
+    list_filter = ("status", "tenant")
+    search_fields = ("=approval__id",)
+    exact_search_only = True
+    search_help_text = "An approval id (whole ids only)."
+    list_select_related = ("tenant", "webhook")
+    readonly_fields = [field.name for field in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

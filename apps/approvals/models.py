@@ -222,3 +222,102 @@ class Vote(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} {self.decision}s {self.approval_id}"
+
+
+class WebhookFormat(models.TextChoices):
+    GENERIC = "generic", "generic JSON, signed (HMAC-SHA256 with a timestamp)"
+    SLACK = "slack", "Slack (incoming webhook)"
+    TEAMS = "teams", "Microsoft Teams (workflow webhook, Adaptive Card)"
+
+
+class ApprovalWebhook(models.Model):
+    """Where a tenant's held calls are announced: a chat channel's incoming webhook or any
+    HTTPS receiver. Limited to some policy rules, or every held call of the tenant."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approval_webhooks")
+    name = models.CharField(max_length=100)
+    url = models.URLField(max_length=500, help_text="POSTed once for every new held call.")
+    format = models.CharField(
+        max_length=10, choices=WebhookFormat.choices, default=WebhookFormat.GENERIC
+    )
+    secret = models.TextField(
+        blank=True,
+        editable=False,
+        help_text="Encrypted signing secret: X-Toolhub-Signature on every message.",
+    )
+    rules = models.ManyToManyField(
+        "policies.PolicyRule",
+        blank=True,
+        related_name="approval_webhooks",
+        help_text="Only calls held by these rules (none chosen: every held call of the tenant).",
+    )
+    private_network = models.BooleanField(
+        default=False,
+        help_text="Let this webhook reach a private or loopback address (never link-local "
+        "or cloud metadata). Only a superuser may set it, for the URL it has then.",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="one_webhook_name_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_format_display()})"
+
+    def set_secret(self, secret: str) -> None:
+        from apps.connections import crypto
+
+        self.secret = crypto.encrypt({"secret": secret}) if secret else ""
+
+    def signing_secret(self) -> str:
+        from apps.connections import crypto
+
+        return str(crypto.decrypt(self.secret)["secret"]) if self.secret else ""
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # the next attempt is queued
+    DELIVERED = "delivered"
+    FAILED = "failed"  # every attempt failed
+    DROPPED = "dropped"  # not sent any more: the webhook was deleted or disabled
+
+
+class WebhookDelivery(models.Model):
+    """One held call announced to one webhook, with every attempt's outcome: what an
+    operator reads when someone asks "why did the channel not hear about it?"."""
+
+    approval = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, related_name="webhook_deliveries"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    webhook = models.ForeignKey(
+        ApprovalWebhook, null=True, on_delete=models.SET_NULL, related_name="deliveries"
+    )
+    url = models.URLField(max_length=500, help_text="Where it was sent (as of the first attempt).")
+    format = models.CharField(max_length=10, choices=WebhookFormat.choices)
+    status = models.CharField(
+        max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The receiver's HTTP status at the last attempt."
+    )
+    last_error = models.CharField(max_length=300, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "webhook deliveries"
+        indexes = [models.Index(fields=["tenant", "-created_at"], name="delivery_tenant_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["approval", "webhook"], name="one_delivery_per_hook")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} -> {self.url} ({self.status})"

@@ -194,6 +194,22 @@ def notify_pending(approval_id: str) -> int:
     return notify.send_pending(approval)
 
 
+@task()
+def deliver_webhook(delivery_id: str) -> int:
+    """Another attempt at a webhook delivery that failed in a way that may pass."""
+    from apps.approvals import webhooks
+    from apps.approvals.models import DeliveryStatus, WebhookDelivery
+
+    delivery = (
+        WebhookDelivery.objects.select_related("approval__tool", "approval__tenant", "webhook")
+        .filter(pk=delivery_id, status=DeliveryStatus.PENDING)
+        .first()
+    )
+    if delivery is None:  # delivered, failed or dropped already; or pruned with its call
+        return 0
+    return webhooks.attempt(delivery)
+
+
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
     settle calls whose worker died while running them, count the calls that ended (and

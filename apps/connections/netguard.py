@@ -296,8 +296,10 @@ def fetch(
     timeout: float = 10.0,
     max_bytes: int = 16 * 1024,
     pool_scope: str | None = None,
+    follow_redirects: bool = True,
 ) -> Response:
-    """Send one request, following redirects, each hop re-checked.
+    """Send one request, following redirects, each hop re-checked (without
+    `follow_redirects`, a redirect is returned as the answer).
 
     `credentials` (headers) go only to the origin the request started on: once a
     redirect leaves it (another scheme, host or port), they and any credential-shaped
@@ -338,7 +340,7 @@ def fetch(
         reusable = False
         try:
             location = response.getheader("Location")
-            if response.status in (301, 302, 303, 307, 308) and location:
+            if follow_redirects and response.status in (301, 302, 303, 307, 308) and location:
                 _read(response, max_bytes)
                 reusable = _finished(connection, response)
                 url = urljoin(url, location)

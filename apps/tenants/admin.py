@@ -404,40 +404,6 @@ class SuperuserOnlyChanges(TenantScopedAdmin):
         return is_superuser(request.user) and super().has_delete_permission(request, obj)
 
 
-class TenantForm(forms.ModelForm[Tenant]):
-    """A tenant's staff may point its webhook anywhere public; a superuser decides whether
-    it may reach the host's private networks, for the URL it had then (a tenant admin who
-    changes that URL needs a superuser again)."""
-
-    # Set by TenantScopedAdmin.get_form: only a superuser may change egress.
-    edited_by_superuser = False
-
-    webhook_secret = forms.CharField(
-        required=False,
-        widget=forms.PasswordInput,
-        help_text="Signing secret for the approval webhook (write-only; blank keeps it).",
-    )
-
-    class Meta:
-        model = Tenant
-        fields = ["slug", "name", "approval_webhook_url", "webhook_private_network"]
-
-    def clean_approval_webhook_url(self) -> str:
-        url: str = self.cleaned_data["approval_webhook_url"]
-        opened = self.instance.pk is not None and self.instance.webhook_private_network
-        if opened and not self.edited_by_superuser and url != self.instance.approval_webhook_url:
-            raise forms.ValidationError(
-                "This webhook may reach private and loopback addresses, which a superuser "
-                "allowed for its current URL: only a superuser may change it."
-            )
-        return url
-
-    def save(self, commit: bool = True) -> Tenant:
-        if self.cleaned_data.get("webhook_secret"):
-            self.instance.set_webhook_secret(self.cleaned_data["webhook_secret"])
-        return super().save(commit)
-
-
 class MembershipInline(ScopedChoicesMixin, admin.TabularInline[Membership, Tenant]):
     """Who is staff of the tenant, and their role there: superusers only (TenantAdmin)."""
 
@@ -462,10 +428,10 @@ class TenantAdmin(TenantScopedAdmin):
     them in or out of a tenant's scope.
     """
 
-    form = TenantForm
     tenant_field = ""
-    superuser_only_fields = ("slug", "webhook_private_network")
-    list_display = ("slug", "name", "approval_webhook_url", "created_at")
+    fields = ("slug", "name")
+    superuser_only_fields = ("slug",)
+    list_display = ("slug", "name", "created_at")
 
     search_fields = ("slug", "name")
 

@@ -40,17 +40,6 @@ class Tenant(models.Model):
         related_name="tenants",
         help_text="Staff users of this tenant; each membership names their role here.",
     )
-    approval_webhook_url = models.URLField(
-        blank=True, help_text="POSTed a signed JSON notice for every new pending approval."
-    )
-    approval_webhook_secret = models.TextField(
-        blank=True, editable=False, help_text="Encrypted signing secret for the webhook."
-    )
-    webhook_private_network = models.BooleanField(
-        default=False,
-        help_text="Let the approval webhook reach a private or loopback address (never "
-        "link-local or cloud metadata). Only a superuser may set it.",
-    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = epoch.EpochQuerySet["Tenant"].as_manager()
@@ -60,11 +49,6 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
-
-    def set_webhook_secret(self, secret: str) -> None:
-        from apps.connections import crypto
-
-        self.approval_webhook_secret = crypto.encrypt({"secret": secret}) if secret else ""
 
 
 class Role(models.TextChoices):

@@ -11,9 +11,10 @@ superuser assigns them to a user or group directly.
   streams of the tenant's runs, and deciding tools a superuser gave them
   `decide_approval` on. Nothing in the admin.
 - operator: a member who may decide every held call of the tenant, and read its records,
-  events, approvals and plans, and the tool catalog.
+  events, approvals, plans and webhook deliveries, and the tool catalog.
 - admin: an operator who may also view, add, change and delete the tenant's policies
-  (and their rules), connections, grants and API keys, and view the tenant itself.
+  (and their rules), connections, grants, API keys and approval webhooks, and view the
+  tenant itself.
 
 None may delete records or events (audit data), nor change users, groups, tenants'
 membership or the global tool catalog: those stay with superusers.
@@ -38,6 +39,7 @@ OPERATOR_PERMISSIONS = (
     "invocations.view_invocationrecord",
     "invocations.view_runevent",
     "planning.view_plan",
+    "approvals.view_webhookdelivery",
 )
 ADMIN_MODELS = (
     "policies.policy",
@@ -45,6 +47,7 @@ ADMIN_MODELS = (
     "connections.connection",
     "connections.grant",
     "tenants.apikey",
+    "approvals.approvalwebhook",
 )
 ADMIN_PERMISSIONS = (
     *OPERATOR_PERMISSIONS,

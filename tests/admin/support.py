@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 from guardian.shortcuts import assign_perm
 
-from apps.approvals.models import ApprovalRequest
+from apps.approvals.models import ApprovalRequest, ApprovalWebhook, WebhookDelivery
 from apps.connections.models import Connection, Grant
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
@@ -84,7 +84,7 @@ def populate(slug: str) -> User:
         message={"runId": f"{slug}-run"},
         at=timezone.now(),
     )
-    ApprovalRequest.objects.create(
+    approval = ApprovalRequest.objects.create(
         tenant=tenant,
         invocation=record,
         tool=tool,
@@ -97,6 +97,17 @@ def populate(slug: str) -> User:
         bound_hash="0" * 64,
         hold_reason=f"{slug} needs a human",
         expires_at=timezone.now() + timedelta(hours=1),
+    )
+    hook = ApprovalWebhook.objects.create(
+        tenant=tenant, name=f"{slug}-hook", url=f"https://hooks.{slug}.example/in"
+    )
+    WebhookDelivery.objects.create(
+        approval=approval,
+        tenant=tenant,
+        webhook=hook,
+        url=hook.url,
+        format=hook.format,
+        last_error=f"{slug} answered 500",
     )
     RetentionPolicy.objects.create(tenant=tenant, days=400)
     PruneMark.objects.create(tenant=tenant, before=timezone.now(), pruned_at=timezone.now())

@@ -7,8 +7,8 @@ from typing import Any
 from django.test import Client
 from django.urls import reverse
 
+from apps.approvals.models import ApprovalWebhook
 from apps.connections.models import Connection
-from apps.tenants.models import Tenant
 from tests.admin.support import World, form_data
 
 
@@ -21,14 +21,14 @@ def own_connection(world: World) -> Connection:
     return connection
 
 
-def post_change(client: Client, url: str, model: Any, **changes: Any) -> Any:
+def post_change(client: Client, page_url: str, model: Any, **changes: Any) -> Any:
     """The change form as the page shows it, with `changes` typed in, saved."""
-    page = client.get(url)
+    page = client.get(page_url)
     assert page.status_code == 200
     data = form_data(page.content.decode(), model)
     data.update({name: [value] for name, value in changes.items()})
     data["_save"] = ["Save"]
-    return client.post(url, data)
+    return client.post(page_url, data)
 
 
 def edit(client: Client, connection: Connection, **changes: Any) -> Any:
@@ -110,47 +110,44 @@ def test_a_tenant_admin_cannot_repoint_a_connection_a_superuser_opened(
     assert connection.allowed_hosts == ["10.0.0.5"]
 
 
-def tenant_url(tenant: Tenant) -> str:
-    return reverse("admin:tenants_tenant_change", args=[tenant.pk])
+def webhook_url(hook: ApprovalWebhook) -> str:
+    return reverse("admin:approvals_approvalwebhook_change", args=[hook.pk])
 
 
-def edit_tenant(client: Client, tenant: Tenant, **changes: Any) -> Any:
-    return post_change(client, tenant_url(tenant), Tenant, **changes)
+def edit_webhook(client: Client, hook: ApprovalWebhook, **changes: Any) -> Any:
+    return post_change(client, webhook_url(hook), ApprovalWebhook, **changes)
 
 
-def test_a_tenant_admin_cannot_let_the_webhook_reach_private_networks(
+def own_webhook(world: World) -> ApprovalWebhook:
+    hook: ApprovalWebhook = world.own[ApprovalWebhook][0]
+    return hook
+
+
+def test_a_tenant_admin_cannot_let_a_webhook_reach_private_networks(
     world: World, staff_client: Client
 ) -> None:
-    tenant = own_connection(world).tenant
-    html = staff_client.get(tenant_url(tenant)).content.decode()
-    assert 'name="webhook_private_network"' not in html
-    response = edit_tenant(
-        staff_client,
-        tenant,
-        approval_webhook_url="http://127.0.0.1:8000/admin/",
-        webhook_private_network="on",
+    hook = own_webhook(world)
+    html = staff_client.get(webhook_url(hook)).content.decode()
+    assert 'name="private_network"' not in html
+    response = edit_webhook(
+        staff_client, hook, url="http://127.0.0.1:8000/admin/", private_network="on"
     )
     assert response.status_code == 302
-    tenant.refresh_from_db()
-    assert tenant.webhook_private_network is False
+    hook.refresh_from_db()
+    assert hook.private_network is False
 
 
 def test_a_tenant_admin_cannot_repoint_a_webhook_a_superuser_opened(
     world: World, staff_client: Client, root_client: Client
 ) -> None:
-    tenant = own_connection(world).tenant
-    response = edit_tenant(
-        root_client,
-        tenant,
-        approval_webhook_url="http://10.0.0.5/hook",
-        webhook_private_network="on",
-    )
+    hook = own_webhook(world)
+    response = edit_webhook(root_client, hook, url="http://10.0.0.5/hook", private_network="on")
     assert response.status_code == 302
-    response = edit_tenant(staff_client, tenant, approval_webhook_url="http://127.0.0.1:8000/x")
+    response = edit_webhook(staff_client, hook, url="http://127.0.0.1:8000/x")
     assert response.status_code == 200
     assert "only a superuser may change it" in response.content.decode()
-    tenant.refresh_from_db()
-    assert tenant.approval_webhook_url == "http://10.0.0.5/hook"
-    assert edit_tenant(staff_client, tenant, name="Renamed").status_code == 302
-    tenant.refresh_from_db()
-    assert (tenant.name, tenant.webhook_private_network) == ("Renamed", True)
+    hook.refresh_from_db()
+    assert hook.url == "http://10.0.0.5/hook"
+    assert edit_webhook(staff_client, hook, name="renamed").status_code == 302
+    hook.refresh_from_db()
+    assert (hook.name, hook.private_network) == ("renamed", True)

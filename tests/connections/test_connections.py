@@ -464,17 +464,16 @@ def test_the_admin_refuses_allowed_hosts_that_are_not_host_names(agent, admin_br
     assert not Connection.objects.filter(name="bad-hosts").exists()
 
 
-def test_rotation_re_encrypts_tenant_webhook_secrets_too(agent, use_keys):
-    from apps.connections import crypto as connection_crypto
+def test_rotation_re_encrypts_approval_webhook_secrets_too(agent, use_keys):
+    from apps.approvals.models import ApprovalWebhook
 
     old, new = Fernet.generate_key(), Fernet.generate_key()
     use_keys(old)
-    agent.tenant.set_webhook_secret("hook-secret")
-    agent.tenant.save()
+    hook = ApprovalWebhook(tenant=agent.tenant, name="ops", url="https://hooks.example/in")
+    hook.set_secret("hook-secret")
+    hook.save()
     use_keys(new, old)
     call_command("rotate_connection_keys", stdout=StringIO())
     use_keys(new)  # the old key dropped: the webhook can still be signed
-    agent.tenant.refresh_from_db()
-    assert connection_crypto.decrypt(agent.tenant.approval_webhook_secret) == {
-        "secret": "hook-secret"
-    }
+    hook.refresh_from_db()
+    assert hook.signing_secret() == "hook-secret"

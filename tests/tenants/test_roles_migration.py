@@ -3,6 +3,7 @@ users split), run from the state before them on rows made then."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,12 @@ from django.db.models import Q
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Membership, Role, Tenant
 from apps.tenants.principals import agents_group, service_username
-from apps.tenants.roles import ADMIN_PERMISSIONS, OPERATOR_PERMISSIONS, ROLE_GOVERNED, may
+from apps.tenants.roles import ROLE_GOVERNED, may
+
+# The role permissions as of migration 0004: roles may grow later (a permission added to a
+# role since then was nobody's global permission before 0004).
+_THEN = importlib.import_module("apps.tenants.migrations.0004_membership_roles")
+OPERATOR_PERMISSIONS, ADMIN_PERMISSIONS = sorted(_THEN.OPERATOR), sorted(_THEN.ADMIN)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,7 +86,7 @@ def test_existing_staff_keep_exactly_their_roles_per_tenant(at):
     assert role("mia", "acme") == Role.MEMBER
     assert Membership.objects.filter(user__username="oscar").count() == 1
     # Nobody keeps a global role permission (only superusers, who need none).
-    governed = permissions(old, ROLE_GOVERNED)
+    governed = permissions(old, ADMIN_PERMISSIONS)
     holders = User.objects.filter(Q(user_permissions__in=[p.pk for p in governed]))
     assert set(holders.values_list("username", flat=True)) == {"root"}
     assert not User.objects.get(username="gus").get_group_permissions() & ROLE_GOVERNED
@@ -157,3 +163,33 @@ def test_service_users_shared_by_a_cut_name_are_split(at, capsys):
     lonely_now = keys[("acme", lonely_principal)].user
     assert lonely_now.username == service_username(acme_now, lonely_principal)
     assert ObjectPermission.objects.filter(user_id=lonely_now.pk, object_pk="core__echo").exists()
+
+
+def test_a_tenants_webhook_becomes_its_first_approval_webhook():
+    """Migration approvals 0003 / tenants 0007: the one webhook field of a tenant moves to
+    an ApprovalWebhook with the same URL, encrypted secret and private-network switch."""
+    from apps.approvals.models import ApprovalWebhook
+    from apps.connections import crypto
+
+    executor = MigrationExecutor(connection)
+    before = [
+        ("approvals", "0002_redundant_indexes"),
+        ("tenants", "0006_membership_redundant_index"),
+    ]
+    executor.migrate(before)
+    executor.loader.build_graph()
+    OldTenant = executor.loader.project_state(before).apps.get_model("tenants", "Tenant")
+    OldTenant.objects.create(
+        slug="acme",
+        approval_webhook_url="http://10.0.0.5/hook",
+        approval_webhook_secret=crypto.encrypt({"secret": "s3cret"}),
+        webhook_private_network=True,
+    )
+    OldTenant.objects.create(slug="globex")  # no webhook: none made
+
+    forward()
+
+    (hook,) = ApprovalWebhook.objects.all()
+    assert (hook.tenant.slug, hook.url, hook.format) == ("acme", "http://10.0.0.5/hook", "generic")
+    assert hook.private_network is True and hook.signing_secret() == "s3cret"
+    assert list(hook.rules.all()) == []  # every held call, as before

@@ -6,9 +6,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.db.models import QuerySet
 
+from apps.approvals.models import ApprovalWebhook
 from apps.connections import crypto
 from apps.connections.models import Connection
-from apps.tenants.models import Tenant
 
 
 class Command(BaseCommand):
@@ -22,9 +22,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             rotated = _rotate(Connection.objects.all(), "secret_encrypted", "Connection {pk}")
             rotated += _rotate(
-                Tenant.objects.all(),
-                "approval_webhook_secret",
-                "The webhook secret of tenant {slug}",
+                ApprovalWebhook.objects.all(), "secret", "The secret of approval webhook {pk}"
             )
         self.stdout.write(f"Re-encrypted {rotated} secret(s) with the newest key.")
 
@@ -36,7 +34,7 @@ def _rotate(queryset: QuerySet[Any], field: str, describe: str) -> int:
         try:
             setattr(row, field, crypto.rotate(getattr(row, field)))
         except crypto.SecretUnreadable:
-            who = describe.format(pk=row.pk, slug=getattr(row, "slug", ""))
+            who = describe.format(pk=row.pk)
             raise CommandError(
                 f"{who} cannot be decrypted with any configured key; nothing was changed."
             ) from None
