@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
     "apps.planning",
     "apps.mcp",
     "apps.retention",
+    "apps.oauth",
 ]
 
 MIDDLEWARE = [
@@ -281,7 +283,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "apps.tenants.authentication.ApiKeyAuthentication",
+        "apps.oauth.authentication.BearerAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -403,6 +405,28 @@ TOOLHUB_MCP_PAGE_SIZE = env_int("TOOLHUB_MCP_PAGE_SIZE", 100, minimum=1, maximum
 TOOLHUB_MCP_SESSION_TTL_S = env_int(
     "TOOLHUB_MCP_SESSION_TTL_S", 24 * 3600, minimum=60, maximum=30 * 24 * 3600
 )
+# OAuth access tokens as Bearer credentials (apps/oauth, docs/oauth.md). The resource is
+# toolhub's canonical URL that tokens must name as their audience (RFC 8707); unset, it is
+# <scheme>://<host>/mcp of the request. An external issuer's tokens (JWTs, checked against
+# its OpenID discovery document and JWKS) name the tenant and principal in these claims.
+TOOLHUB_OAUTH_RESOURCE = env_str("TOOLHUB_OAUTH_RESOURCE").rstrip("/")
+TOOLHUB_OAUTH_EXTERNAL_ISSUER = env_str("TOOLHUB_OAUTH_EXTERNAL_ISSUER")
+TOOLHUB_OAUTH_PRINCIPAL_CLAIM = env_str("TOOLHUB_OAUTH_PRINCIPAL_CLAIM", "sub")
+TOOLHUB_OAUTH_TENANT_CLAIM = env_str("TOOLHUB_OAUTH_TENANT_CLAIM", "toolhub_tenant")
+# The scope a token needs for /mcp/, the run streams and the REST API.
+TOOLHUB_OAUTH_SCOPE = env_str("TOOLHUB_OAUTH_SCOPE", "mcp")
+for _name, _url in (
+    ("TOOLHUB_OAUTH_RESOURCE", TOOLHUB_OAUTH_RESOURCE),
+    ("TOOLHUB_OAUTH_EXTERNAL_ISSUER", TOOLHUB_OAUTH_EXTERNAL_ISSUER),
+):
+    if _url and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", _url):
+        raise ImproperlyConfigured(f"{_name} must be an http(s) URL without query; got {_url!r}")
+if not TOOLHUB_OAUTH_PRINCIPAL_CLAIM or not TOOLHUB_OAUTH_TENANT_CLAIM:
+    raise ImproperlyConfigured("TOOLHUB_OAUTH_PRINCIPAL_CLAIM and _TENANT_CLAIM may not be empty")
+if not re.fullmatch(r"[\x21\x23-\x5b\x5d-\x7e]+", TOOLHUB_OAUTH_SCOPE):
+    raise ImproperlyConfigured(
+        f"TOOLHUB_OAUTH_SCOPE must be one scope token; got {TOOLHUB_OAUTH_SCOPE!r}"
+    )
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",

@@ -31,6 +31,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/docs/websockets/", websocket_docs.websocket_protocol, name="api-websockets"),
     path("api/docs/asyncapi.yaml", websocket_docs.asyncapi_yaml, name="api-asyncapi"),
+    path(".well-known/", include("apps.oauth.urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

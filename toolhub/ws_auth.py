@@ -1,6 +1,6 @@
-"""WebSocket authentication: a session (browsers), `Authorization: Bearer <key>` on the
-handshake, or a single-use stream ticket (`?ticket=`). Sets scope["user"],
-scope["api_key"] and scope["ticket"]."""
+"""WebSocket authentication: a session (browsers), `Authorization: Bearer <key or OAuth
+access token>` on the handshake, or a single-use stream ticket (`?ticket=`). Sets
+scope["user"], scope["api_key"] and scope["ticket"]."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from channels.sessions import CookieMiddleware
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from apps.oauth.bearer import key_for_credential
+from apps.oauth.resource import Refusal, resource_for
 from apps.tenants.models import ApiKey
 
 
@@ -27,7 +29,7 @@ class ApiKeyOrTicketMiddleware(BaseMiddleware):
         headers = dict(scope.get("headers") or [])
         authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
         if authorization.lower().startswith("bearer "):
-            scope["api_key"] = await _key(authorization[7:].strip())
+            scope["api_key"] = await _key(scope, authorization[7:].strip())
             scope["bearer_given"] = True
         query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
         if query.get("ticket"):
@@ -37,8 +39,14 @@ class ApiKeyOrTicketMiddleware(BaseMiddleware):
 
 
 @database_sync_to_async
-def _key(raw: str) -> ApiKey | None:
-    return ApiKey.objects.for_raw_key(raw)
+def _key(scope: dict[str, Any], raw: str) -> ApiKey | None:
+    """An API key, or the key an OAuth access token acts through (apps.oauth); a refused
+    credential is None, which the stream closes with 4403."""
+    host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+    try:
+        return key_for_credential(raw, resource_for(scope.get("scheme", "ws"), host))
+    except Refusal:
+        return None
 
 
 @database_sync_to_async

@@ -19,6 +19,13 @@ pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/invocations/"
 CLOCK_CALL = {"toolId": "core__get_current_time", "args": {}}
+# RFC 6750 with where the resource metadata is (RFC 9728, MCP authorization): OAuth
+# clients start there (apps/oauth). No error code: no credential was given.
+CHALLENGE = (
+    'Bearer realm="toolhub", '
+    'resource_metadata="http://testserver/.well-known/oauth-protected-resource/mcp", '
+    'scope="mcp"'
+)
 KEY_RE = re.compile(r"th_[0-9a-f]{8}_[A-Za-z0-9_-]{20,}")
 
 
@@ -41,7 +48,7 @@ def run(command: str, *args: str) -> str:
 def test_a_call_without_authorization_is_401_with_a_challenge(agent):
     response = client_with(None).post(URL, CLOCK_CALL, format="json")
     assert response.status_code == 401
-    assert response["WWW-Authenticate"] == 'Bearer realm="toolhub"'
+    assert response["WWW-Authenticate"] == CHALLENGE
     assert InvocationRecord.objects.count() == 0
 
 
@@ -80,7 +87,7 @@ def test_it_rejects_a_malformed_bearer_header(agent, header):
 def test_it_treats_a_header_of_another_scheme_as_no_credentials(agent, header):
     response = client_with(header).post(URL, CLOCK_CALL, format="json")
     assert response.status_code == 401
-    assert response["WWW-Authenticate"] == 'Bearer realm="toolhub"'
+    assert response["WWW-Authenticate"] == CHALLENGE
 
 
 def test_the_bearer_keyword_is_case_insensitive(agent):

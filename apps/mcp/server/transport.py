@@ -3,7 +3,8 @@
 POST carries one JSON-RPC message and gets `application/json` back (a response, or
 202 for a notification). GET opens a server-to-client event stream that carries
 `notifications/tools/list_changed`. DELETE is 405 (see sessions.py). Every request
-presents the API key (`Authorization: Bearer`, else 401) and, after `initialize`,
+presents an API key or an OAuth access token (`Authorization: Bearer`, else 401 with
+the challenge of apps/oauth/resource.py) and, after `initialize`,
 the `Mcp-Session-Id` it was given. A request whose `MCP-Protocol-Version` is
 2026-07-28 is stateless (`stateless`, modern.py): POST only, no session, its
 `subscriptions/listen` answered with the same kind of stream as GET. The body
@@ -35,6 +36,8 @@ from apps.mcp.server import methods, modern
 from apps.mcp.server.methods import RpcError
 from apps.mcp.server.notifications import groups_for
 from apps.mcp.server.sessions import Session
+from apps.oauth import bearer
+from apps.oauth.resource import Refusal, challenge, resource_for
 from apps.tenants.callers import Caller
 from apps.tenants.models import ApiKey
 from toolhub import draining, json_input
@@ -84,9 +87,9 @@ class McpEndpoint:
             # DNS rebinding: a page of another site must not reach a local server.
             await _send(send, _refusal(403, "This Origin may not use /mcp/."))
             return
-        key = await _authenticate(_header(scope, b"authorization"))
-        if key is None:
-            await _send(send, _unauthorized())
+        key = await _authenticate(scope)
+        if isinstance(key, Reply):
+            await _send(send, key)
             return
         version = _header(scope, VERSION_HEADER)
         if version == modern.VERSION:
@@ -495,16 +498,17 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-def _key_for(authorization: str | None) -> ApiKey | None:
-    if authorization is None:
-        return None
-    scheme, _, raw = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not raw.strip():
-        return None
-    key = ApiKey.objects.for_raw_key(raw.strip())
-    if key is not None:
-        key.touch()
-    return key
+def _key_for(scope: Scope) -> ApiKey | Reply:
+    """The API key the request acts as (its own, or the one an OAuth token acts through),
+    or the refusal: 401/403 with the challenge that leads OAuth clients to the metadata."""
+    resource = resource_for(scope.get("scheme", "http"), _header(scope, b"host") or "")
+    try:
+        return bearer.key_for(_header(scope, b"authorization"), resource)
+    except Refusal as refusal:
+        challenge_header = ((b"www-authenticate", challenge(refusal, resource).encode()),)
+        if refusal.status == 503:  # the issuer's keys could not be read: not the token's fault
+            return _refusal(refusal.status, refusal.description)
+        return _refusal(refusal.status, refusal.description, challenge_header)
 
 
 def _run(
@@ -540,14 +544,6 @@ def _finished_task(key: ApiKey, params: dict[str, Any]) -> Any:
 
 
 _task_result = database_sync_to_async(_finished_task, thread_sensitive=False)
-
-
-def _unauthorized() -> Reply:
-    return _refusal(
-        401,
-        "Authentication required: Authorization: Bearer <API key>.",
-        ((b"www-authenticate", b'Bearer realm="toolhub"'),),
-    )
 
 
 def _refusal(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
