@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "apps.mcp",
     "apps.retention",
     "apps.oauth",
+    "apps.receipts",
 ]
 
 MIDDLEWARE = [

@@ -4,6 +4,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.invocations import views as invocation_views
+from apps.receipts import views as receipt_views
 from toolhub import health, metrics, websocket_docs
 
 handler404 = "toolhub.api.json_not_found"
@@ -19,6 +20,7 @@ api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.invocations.api.urls")),
     path("", include("apps.approvals.api.urls")),
     path("", include("apps.connections.api.urls")),
+    path("", include("apps.receipts.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -35,4 +37,5 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),
+    path(".well-known/jwks.json", receipt_views.jwks, name="receipt-jwks"),
 ]

@@ -85,6 +85,13 @@ class InvocationRecord(models.Model):
         blank=True,
         help_text="The W3C trace context the caller sent (MCP's traceparent).",
     )
+    # NULL until the call ends. Nullable so that adding it is an ALTER TABLE ADD COLUMN on
+    # SQLite: a NOT NULL column remakes the table, and the table's triggers (0007) with it.
+    receipt = models.TextField(  # noqa: DJ001
+        null=True,
+        blank=True,
+        help_text="The signed receipt of the ended call, a compact JWS (apps/receipts).",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -155,6 +162,8 @@ class InvocationRecord(models.Model):
         data["durationMs"] = self.duration_ms
         if approval is not None:
             data["approvalId"] = str(approval.pk)
+        if self.receipt:
+            data["receipt"] = self.receipt
         return data
 
 

@@ -20,7 +20,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
  11 validate_output      output_invalid, result_too_large
     reported_failure     execution (the result says the tool failed: MCP's isError)
  12 redact_result        redaction_failed
- 13 record_result        tool_call_result
+ 13 record_result        tool_call_result, with the call's signed receipt
 
 A step that refuses raises `Refusal`; the call then ends as a recorded
 `ok: false` result. Nothing a tool does can turn into an HTTP 500.
@@ -69,6 +69,9 @@ from apps.invocations.requests import (
     progress_sink,
 )
 from apps.policies import policy
+from apps.receipts import keys as receipt_keys
+from apps.receipts import signing as receipts
+from apps.receipts.body import Facts
 from apps.tenants import callers, epoch
 from apps.tenants.callers import Caller
 from apps.tools import sources
@@ -142,6 +145,9 @@ class Call:
     closing: Closing | None = field(default=None, repr=False)
     # Its tool_call_start is committed but not yet pushed (_run_holding_start).
     start_held: bool = False
+    # The key that signs its receipt, chosen with its checks (at their epoch, no query).
+    signer: receipt_keys.Signer | None = field(default=None, repr=False)
+    approval: ApprovalRequest | None = field(default=None, repr=False)  # a held call's
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -202,6 +208,8 @@ def check_call(call: Call, known_epoch: int | None = None) -> int:
     the authorization epoch the checks were answered at: `known_epoch` if given (see
     epoch.pinned), else the one read now."""
     with epoch.pinned(known_epoch):  # steps 1-4 ask caches: one epoch for all of them
+        if not call.dry_run:
+            call.signer = receipt_keys.signer()
         lookup_tool(call)
         check_policy(call)
         check_permission(call)
@@ -750,6 +758,7 @@ def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
         connection_id=approval.connection_id or None,
     )
     call = Call.receive(caller, request)
+    call.approval = approval
     call.record = approval.invocation
     # The record's tenant is the approval's: closing the record costs no query for it.
     InvocationRecord.tenant.field.set_cached_value(call.record, approval.tenant)
@@ -1355,7 +1364,9 @@ def record_refusal(call: Call, refusal: Refusal) -> InvocationRecord:
         if call.record is None:  # the record, its start and its result written at once
             started_at = call.started_at or call.received_at
             record = _unsaved_record(call, started_at)
-            return _close_record(record, ok=False, refusal=refusal, start=call, at=started_at)
+            return _close_record(
+                record, ok=False, refusal=refusal, start=call, at=started_at, call=call
+            )
         if call.record.started_at is None:  # a held call that ends without running
             call.record.started_at = timezone.now()
             _emit_start(call, call.record.started_at)
@@ -1402,12 +1413,12 @@ def _finish(
 ) -> InvocationRecord:
     if call.record is not None:
         return _close_record(
-            call.record, ok=ok, result=result, refusal=refusal, closing=call.closing
+            call.record, ok=ok, result=result, refusal=refusal, closing=call.closing, call=call
         )
     assert call.started_at is not None  # a quick call that ended within QUICK_S
     record = _unsaved_record(call, call.started_at)
     return _close_record(
-        record, ok=ok, result=result, refusal=refusal, start=call, at=call.started_at
+        record, ok=ok, result=result, refusal=refusal, start=call, at=call.started_at, call=call
     )
 
 
@@ -1427,6 +1438,7 @@ CLOSING_FIELDS = (
     "error_code",
     "safe_message",
     "retry_after_ms",
+    "receipt",
 )
 
 
@@ -1439,10 +1451,12 @@ def _close_record(
     start: Call | None = None,
     at: datetime | None = None,
     closing: Closing | None = None,
+    call: Call | None = None,
 ) -> InvocationRecord:
     """Store the outcome and emit tool_call_result in one transaction: a final record
     always has its result event, whatever kills the process (EVERY_RESULT_EMITTED). With
-    `closing` (a worker's call) that transaction is the worker's next one."""
+    `closing` (a worker's call) that transaction is the worker's next one. The receipt is
+    signed here and written with the end: no statement of its own."""
     assert record.started_at is not None
     record.ended_at = timezone.now()
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
@@ -1454,6 +1468,7 @@ def _close_record(
         record.error_code = refusal.code
         record.safe_message = refusal.safe_message
         record.retry_after_ms = refusal.retry_after_ms
+    record.receipt = _receipt(record, call)
     if closing is not None and not record._state.adding and start is None:
         closing.add(record)  # written with the worker's next start
         return record
@@ -1470,6 +1485,23 @@ def _close_record(
             events.emit_many(record.tenant, record.run_id, batch)
     _log(record)
     return record
+
+
+def _receipt(record: InvocationRecord, call: Call | None) -> str:
+    """The record's signed receipt (apps/receipts): what the call's checks learnt, or,
+    for a record ended without its call (the sweeper's abandon), what the record says."""
+    if call is None:
+        return receipts.sign_call(record, Facts())
+    approval = call.approval
+    decision = call.decision.outcome if call.decision is not None else None
+    facts = Facts(
+        schema_hash=call.registered.schema_hash if call.registered is not None else None,
+        args=call.args_json,
+        decision=decision or ("require_approval" if approval is not None else None),
+        policy_version=call.evaluator.version if call.evaluator is not None else None,
+        approval=approval,
+    )
+    return receipts.sign_call(record, facts, call.signer)
 
 
 def _written_together(record: InvocationRecord, batch: list[events.Event], *, insert: bool) -> bool:
@@ -1514,6 +1546,8 @@ def _result_event(record: InvocationRecord) -> events.Event:
         outcome["safeMessage"] = record.safe_message
     if record.retry_after_ms is not None:
         outcome["retryAfterMs"] = record.retry_after_ms
+    if record.receipt:
+        outcome["receipt"] = record.receipt
     return events.Event("tool_call_result", record.tool_call_id, record.tool_ref, outcome)
 
 

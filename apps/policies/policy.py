@@ -11,7 +11,10 @@ denies. The catalog a caller sees and the runner's check both come from here.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from django.db.models import Prefetch, Q
@@ -112,6 +115,20 @@ class Evaluator:
         self._rank = {rule.pk: i for i, rule in enumerate(rules)}
         self._admitting: dict[str, list[Policy]] = {}
         self._listing: dict[tuple[str, str], Decision] = {}
+
+    @cached_property
+    def version(self) -> str:
+        """The policy version a call was decided under (receipts name it): a digest of
+        every policy and rule in force for this caller, as they read now. Any edit that
+        can change a decision changes it; a save that changes nothing does not. Worked
+        out once per evaluator (per authorization epoch), not per call."""
+        state = [
+            [_content(policy), sorted(t.pk for t in policy.tools.all())]
+            + [_content(rule) for rule in policy.rules.all()]
+            for policy in self.policies
+        ]
+        canonical = json.dumps(state, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def admitting(self, tool: Tool) -> list[Policy]:
         """The policies whose allowlist names the tool (callers do not change the list)."""
@@ -215,6 +232,18 @@ def evaluator_for(tenant: Tenant, principal: str, user: User | None) -> Evaluato
     """The caller's evaluator, built once per authorization epoch and process."""
     key = (tenant.pk, principal, user.pk if user is not None else None)
     return _EVALUATORS.get(key, lambda: Evaluator(tenant, principal, user))
+
+
+# What a decision does not depend on: a policy's or rule's words and timestamps.
+_NOT_DECIDING = frozenset({"description", "created_at", "updated_at"})
+
+
+def _content(row: Policy | PolicyRule) -> dict[str, Any]:
+    return {
+        f.attname: getattr(row, f.attname)
+        for f in row._meta.concrete_fields
+        if f.name not in _NOT_DECIDING
+    }
 
 
 def _is_wildcard(pattern: str) -> bool:

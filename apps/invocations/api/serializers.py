@@ -37,6 +37,12 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
     endedAt = serializers.DateTimeField(source="ended_at", required=False, allow_null=True)
     durationMs = serializers.IntegerField(source="duration_ms", required=False, allow_null=True)
     approvalId = serializers.SerializerMethodField()
+    receipt = serializers.CharField(
+        required=False,
+        help_text="An ended call's signed receipt: a compact JWS (Ed25519) whose body names "
+        "the call, the digests of its arguments and result, its decision and outcome; "
+        "verify it against /.well-known/jwks.json (docs/receipts.md)",
+    )
 
     OPTIONAL = (
         "ok",
@@ -48,6 +54,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "idempotencyKey",
         "policyRule",
         "approvalId",
+        "receipt",
     )
 
     class Meta:
@@ -56,6 +63,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
             "safeMessage", "retryAfterMs", "args", "principal", "connectionId", "idempotencyKey",
             "policyRule", "createdAt", "startedAt", "endedAt", "durationMs", "approvalId",
+            "receipt",
         ]  # fmt: skip
 
     def get_approvalId(self, record: InvocationRecord) -> str | None:

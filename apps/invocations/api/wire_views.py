@@ -11,7 +11,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.invocations.requests import Identifier
-from apps.invocations.wire import MalformedRequest, WireCall, anthropic, openai, run_batch
+from apps.invocations.wire import (
+    MalformedRequest,
+    Outcome,
+    WireCall,
+    anthropic,
+    openai,
+    run_batch,
+)
 from toolhub.api import BadRequest, CallerView, parse_body
 
 _CAMEL = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
@@ -69,8 +76,19 @@ class StreamError(BaseModel):
     safeMessage: str
 
 
+class CallReceipt(BaseModel):
+    toolCallId: str
+    invocationId: str
+    receipt: str = Field(description="The ended call's signed receipt (docs/receipts.md).")
+
+
 class OpenAIToolMessages(BaseModel):
     messages: list[OpenAIToolMessage]
+    receipts: list[CallReceipt] = Field(
+        default_factory=list,
+        description="The signed receipts of the calls that ended (a held call has none yet). "
+        "Beside the messages, not in them: they are not for the model.",
+    )
     errors: list[StreamError] | None = Field(
         default=None, description="Streamed requests only: deltas that belong to no call."
     )
@@ -87,6 +105,18 @@ class AnthropicContentBlock(BaseModel):
 class AnthropicUserMessage(BaseModel):
     role: Literal["user"]
     content: list[AnthropicContentBlock]
+
+
+def _receipts(outcomes: list[Outcome]) -> list[dict[str, str]]:
+    return [
+        {
+            "toolCallId": o.tool_call_id,
+            "invocationId": str(o.record.pk),
+            "receipt": o.record.receipt,
+        }
+        for o in outcomes
+        if o.record is not None and o.record.receipt
+    ]
 
 
 def _parse_calls(decode: Any, items: list[Any]) -> Any:
@@ -127,7 +157,8 @@ class OpenAIToolCallsView(CallerView):
             _nothing_to_run(calls, len(session.orphans), "chunks")
             body["errors"] = [session.orphans[i].as_error() for i in sorted(session.orphans)]
         outcomes = run_batch(self.caller(request), calls, batch.run_id)
-        return Response({"messages": [openai.tool_message(o) for o in outcomes], **body})
+        messages = [openai.tool_message(o) for o in outcomes]
+        return Response({"messages": messages, "receipts": _receipts(outcomes), **body})
 
 
 class AnthropicToolUseView(CallerView):

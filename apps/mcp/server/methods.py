@@ -245,8 +245,18 @@ def _iso(moment: Any) -> str:
 
 
 def call_result(record: InvocationRecord) -> dict[str, Any]:
-    """A CallToolResult: the text a model reads, and the REST record as structuredContent."""
+    """A CallToolResult: the text a model reads, and the REST record as structuredContent;
+    an ended call's signed receipt in `_meta["toolhub/receipt"]` (not in what the model
+    reads: a client keeps it, a model has no use for it)."""
     body = json.loads(json.dumps(InvocationSerializer(record).data, cls=DjangoJSONEncoder))
+    receipt = body.pop("receipt", None)
+    result = _call_result(record, body)
+    if receipt:
+        result.setdefault("_meta", {})["toolhub/receipt"] = receipt
+    return result
+
+
+def _call_result(record: InvocationRecord, body: dict[str, Any]) -> dict[str, Any]:
     if record.status == Status.PENDING_APPROVAL:
         text = (
             f"The call is held for human approval: approvalId {body.get('approvalId')}, "

@@ -76,6 +76,11 @@ class Toolhub:
     def invocation(self, invocation_id: str) -> Invocation:
         return Invocation.from_json(self._request("GET", f"/api/v1/invocations/{invocation_id}/"))
 
+    def receipt(self, invocation_id: str) -> str:
+        """An ended call's signed receipt (verify it with `verify_receipt`)."""
+        answer = self._request("GET", f"/api/v1/invocations/{invocation_id}/receipt/")
+        return str(answer["receipt"])
+
     def run_openai_tool_calls(
         self,
         tool_calls: list[Any] | None = None,
