@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -253,3 +254,48 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 _MISSING = object()
+
+
+BULK_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    approval_id: str
+    tool_id: str
+    outcome: str  # approved, rejected, waiting for more approvals, or why nothing happened
+    done: bool
+
+
+def decide_many(ids: list[Any], user: User, decision: str, reason: str = "") -> list[BulkResult]:
+    """The console's bulk approve or reject: each request decided on its own (the first
+    decision wins each, a failure stops none of the others). A high-consequence call is
+    never approved in bulk: its arguments deserve their own page. No edits in bulk."""
+    if decision not in ("approve", "reject"):
+        raise InvalidEdit("decision must be approve or reject")
+    if decision == "reject" and not reason.strip():
+        raise InvalidEdit("Say why you reject them: the reason goes back to each agent.")
+    if not ids or len(ids) > BULK_LIMIT:
+        raise InvalidEdit(f"Choose between 1 and {BULK_LIMIT} calls.")
+    results = []
+    for approval_id in dict.fromkeys(str(each) for each in ids):  # each once, in order
+        seen = ApprovalRequest.objects.visible_to(user).filter(pk=approval_id)
+        tool_id = seen.values_list("tool_id", flat=True).first() or ""
+        high = seen.filter(tool__consequence_level="high").exists()
+        if decision == "approve" and high:
+            results.append(
+                BulkResult(approval_id, tool_id, "high consequence: review it on its page", False)
+            )
+            continue
+        try:
+            approval = decide(approval_id, user, decision, reason)
+        except DecisionError as exc:
+            results.append(BulkResult(approval_id, tool_id, str(exc), False))
+            continue
+        outcome = (
+            approval.status
+            if approval.status != ApprovalStatus.PENDING
+            else ("waiting for more approvals")
+        )
+        results.append(BulkResult(approval_id, approval.tool_id, str(outcome), True))
+    return results

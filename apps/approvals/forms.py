@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django import forms
 
+from apps.approvals.decisions import BULK_LIMIT
 from toolhub import json_input
 
 
@@ -34,4 +36,27 @@ class DecisionForm(forms.Form):
                 if not isinstance(edited, dict):
                     self.add_error("args", "The edited arguments must be a JSON object.")
                 data["edited"] = edited
+        return data
+
+
+class BulkDecisionForm(forms.Form):
+    """The queue's bulk approve / reject: the ticked calls' ids, one reason for all."""
+
+    action = forms.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    reason = forms.CharField(required=False, max_length=1000)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("action") == "reject" and not (data.get("reason") or "").strip():
+            self.add_error("reason", "Say why you reject them: the reason goes back to each agent.")
+        raw = self.data.getlist("ids") if hasattr(self.data, "getlist") else []
+        if not raw:
+            self.add_error(None, "Tick the calls to decide first.")
+        elif len(raw) > BULK_LIMIT:
+            self.add_error(None, f"Decide at most {BULK_LIMIT} calls at once.")
+        else:
+            try:
+                data["ids"] = [str(uuid.UUID(value)) for value in raw]
+            except ValueError:
+                self.add_error(None, "A ticked call is not one of the queue's; reload the page.")
         return data

@@ -7,6 +7,7 @@ app_name = "console"
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("queue/rows/", views.queue_rows, name="queue-rows"),
+    path("queue/decide/", views.bulk, name="bulk"),
     path("approvals/<uuid:approval_id>/", views.detail, name="detail"),
     path("approvals/<uuid:approval_id>/outcome/", views.outcome, name="outcome"),
     path("runs/<str:run_id>/", invocation_views.run_timeline, name="run"),

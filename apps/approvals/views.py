@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from apps.approvals import decisions, history_paging
-from apps.approvals.forms import DecisionForm
+from apps.approvals.forms import BulkDecisionForm, DecisionForm
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
 
@@ -36,6 +36,40 @@ def queue_rows(request: HttpRequest) -> HttpResponse:
 
 
 PENDING_COUNT_HEADER = "X-Pending-Count"
+
+
+@staff_member_required
+@require_http_methods(["POST"])
+def bulk(request: HttpRequest) -> HttpResponse:
+    """Approve or reject the calls ticked in the queue; what happened to each is flashed
+    back on the queue."""
+    form = BulkDecisionForm(request.POST)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, str(error))
+        return redirect("console:queue")
+    try:
+        results = decisions.decide_many(
+            form.cleaned_data["ids"],
+            request.user,  # type: ignore[arg-type]
+            form.cleaned_data["action"],
+            form.cleaned_data["reason"],
+        )
+    except decisions.DecisionError as exc:
+        messages.error(request, str(exc))
+        return redirect("console:queue")
+    done = [result for result in results if result.done]
+    if done:
+        messages.success(
+            request,
+            f"{len(done)} of {len(results)} decided: "
+            + "; ".join(f"{r.tool_id} {r.outcome}" for r in done),
+        )
+    for result in results:
+        if not result.done:
+            messages.warning(request, f"{result.tool_id or result.approval_id}: {result.outcome}")
+    return redirect("console:queue")
 
 
 @staff_member_required

@@ -53,12 +53,23 @@
         return response.text().then(function (html) { return { html: html, count: count }; });
       })
       .then(function (fresh) {
+        // Ticked calls stay ticked across a refresh (a decided one just leaves).
+        var ticked = {};
+        rows.querySelectorAll("input[name=ids]:checked").forEach(function (box) { ticked[box.value] = true; });
         rows.innerHTML = fresh.html;
+        rows.querySelectorAll("input[name=ids]").forEach(function (box) { box.checked = !!ticked[box.value]; });
         if (!isNaN(fresh.count)) showCount(fresh.count);
         tickCountdowns();
       })
       .catch(function () { if (state) state.classList.add("offline"); })
       .finally(function () { refreshing = false; if (stale) refresh(); });
+  }
+
+  var pickAll = document.getElementById("pick-all");
+  if (pickAll) {
+    pickAll.addEventListener("change", function () {
+      rows.querySelectorAll("input[name=ids]").forEach(function (box) { box.checked = pickAll.checked; });
+    });
   }
 
   var fallback = null;

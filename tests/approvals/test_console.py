@@ -4,6 +4,7 @@ driven with Django's test client as a logged-in staff operator."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from django.test import Client
@@ -12,6 +13,7 @@ from django.utils.html import escape
 from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.tenants.roles import Role, grant_role
+from apps.tools.models import Tool
 from tests.approvals.support import (
     CONFIRM,
     ECHO,
@@ -342,3 +344,92 @@ def test_the_admin_rejects_selected_requests_through_decisions(caller, admin_ope
         "approval_rejected",
         "Decided in the admin.",
     )
+
+
+# ---------------------------------------------------------------- bulk decisions
+
+
+def bulk(client: Client, action: str, *approvals: ApprovalRequest | str, reason: str = "") -> str:
+    ids = [str(getattr(each, "pk", each)) for each in approvals]
+    response = client.post(
+        "/console/queue/decide/", {"action": action, "ids": ids, "reason": reason}
+    )
+    assert response.status_code == 302 and response["Location"] == "/console/"
+    return client.get("/console/").content.decode()
+
+
+def test_the_queue_approves_the_ticked_calls_each_on_its_own(caller, operator, console):
+    _, first = hold(caller, CONFIRM)
+    _, second = hold(caller, CONFIRM)
+    _, untouched = hold(caller, CONFIRM)
+    _, decided = hold(caller, CONFIRM)
+    decisions.decide(decided.pk, operator, "reject", reason="no")
+    page = console.get("/console/").content.decode()
+    assert 'name="ids"' in page and 'id="bulk-approve"' in page
+
+    page = bulk(console, "approve", first, second, decided, reason="routine")
+
+    assert status_of(first) == status_of(second) == ApprovalStatus.APPROVED
+    assert status_of(untouched) == ApprovalStatus.PENDING
+    assert status_of(decided) == ApprovalStatus.REJECTED  # the first decision stands
+    assert "2 of 3 decided" in page
+    assert escape("This request is already rejected.") in page
+    assert ApprovalRequest.objects.get(pk=first.pk).decision_reason == "routine"
+
+
+def test_high_consequence_calls_are_not_approved_in_bulk(caller, console):
+    Tool.objects.filter(pk=CONFIRM).update(consequence_level="high")
+    _, risky = hold(caller, CONFIRM)
+    page = bulk(console, "approve", risky)
+    assert status_of(risky) == ApprovalStatus.PENDING
+    assert "high consequence: review it on its page" in page
+    page = bulk(console, "reject", risky, reason="not today")  # rejecting is fine
+    assert status_of(risky) == ApprovalStatus.REJECTED
+
+
+def test_bulk_reject_needs_a_reason_and_sends_it_back(caller, console):
+    _, first = hold(caller, CONFIRM)
+    _, second = hold(caller, CONFIRM)
+    page = bulk(console, "reject", first, second)
+    assert "Say why you reject them" in page
+    assert status_of(first) == status_of(second) == ApprovalStatus.PENDING
+    bulk(console, "reject", first, second, reason="out of budget")
+    assert status_of(first) == status_of(second) == ApprovalStatus.REJECTED
+    assert "out of budget" in record_of(first).safe_message
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        ([], "Tick the calls to decide first."),
+        (["not-a-uuid"], "A ticked call is not one of the queue"),
+        ([str(uuid.uuid4()) for _ in range(decisions.BULK_LIMIT + 1)], "at most 100 calls"),
+    ],
+)
+def test_bad_bulk_posts_decide_nothing_and_say_why(caller, console, ids, message):
+    _, waiting = hold(caller, CONFIRM)
+    response = console.post("/console/queue/decide/", {"action": "approve", "ids": ids})
+    assert response.status_code == 302
+    assert escape(message) in console.get("/console/").content.decode()
+    assert status_of(waiting) == ApprovalStatus.PENDING
+
+
+def test_bulk_cannot_reach_another_tenants_calls(caller, other, console):
+    _, theirs = hold(other, CONFIRM)
+    page = bulk(console, "approve", theirs)
+    assert status_of(theirs) == ApprovalStatus.PENDING
+    assert "No such approval request in your tenants." in page
+
+
+def test_the_history_marks_edited_approvals(caller, operator, console):
+    require_approval(caller.tenant, ECHO)
+    _, edited = hold(caller, ECHO, args={"text": "pay 500"})
+    _, plain = hold(caller, ECHO, args={"text": "pay 7"})
+    decisions.decide(edited.pk, operator, "approve", "lowered", {"text": "pay 50"})
+    decisions.decide(plain.pk, operator, "approve", "fine")
+    rows = {
+        row.split('href="/console/approvals/')[1][:36]: row
+        for row in console.get("/console/history/").content.decode().split("<tr>")[2:]
+    }
+    assert 'class="badge edited"' in rows[str(edited.pk)]
+    assert 'class="badge edited"' not in rows[str(plain.pk)]

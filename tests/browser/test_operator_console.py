@@ -331,3 +331,34 @@ def test_the_console_is_styled_and_scripted_in_the_configuration_it_runs_with(
         assert assets.get("console.js") == 200, assets
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(247, 248, 250)", background
+
+
+def test_an_operator_ticks_calls_in_the_live_queue_and_approves_them_at_once(
+    test_tools, make_operator, new_context
+):
+    agent = make_agent("acme")
+    allow(agent.tenant, "test__confirm")
+    make_operator(agent.tenant, "opal", "test__confirm")
+    with daphne(SERVER_ENV) as base:
+        first = submit(base, agent.key, "test__confirm", runId="run-bulk")
+        second = submit(base, agent.key, "test__confirm", runId="run-bulk")
+        page = operator_page(new_context, base)
+        log_in(page, "opal")
+        open_queue(page)
+        row(page, first["approvalId"]).locator("input[name=ids]").check()
+        row(page, second["approvalId"]).locator("input[name=ids]").check()
+        # A call arriving meanwhile re-renders the rows: the ticks survive, it is not ticked.
+        third = submit(base, agent.key, "test__confirm", runId="run-bulk")
+        expect(row(page, third["approvalId"])).to_be_visible(timeout=TIMEOUT_MS)
+        expect(row(page, first["approvalId"]).locator("input[name=ids]")).to_be_checked()
+        expect(row(page, third["approvalId"]).locator("input[name=ids]")).not_to_be_checked()
+        screenshot(page, "queue-bulk")
+
+        page.fill("#bulk-reason", "routine run")
+        page.click("#bulk-approve")
+
+        expect(page.locator(".messages")).to_contain_text("2 of 2 decided")
+        expect(row(page, first["approvalId"])).to_have_count(0)
+        expect(row(page, third["approvalId"])).to_have_count(1)
+        records = [outcome(base, agent.key, held["invocationId"]) for held in (first, second)]
+    assert [record["status"] for record in records] == ["succeeded", "succeeded"], records
