@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "apps.retention",
     "apps.oauth",
     "apps.receipts",
+    "apps.audit",
 ]
 
 MIDDLEWARE = [

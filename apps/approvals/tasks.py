@@ -213,7 +213,8 @@ def deliver_webhook(delivery_id: str) -> int:
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
     settle calls whose worker died while running them, count the calls that ended (and
-    repair their missing results), and erase the session keys of expired stream tickets.
+    repair their missing results), erase the session keys of expired stream tickets, and
+    link the writes journaled since the last pass into their tenants' audit chains.
 
     Every read goes through an index that holds only the rows needing work (pending,
     approved, executing, running, RUNNING entries, unfolded ends, tickets holding a
@@ -224,6 +225,7 @@ def sweep() -> dict[str, int]:
 
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.audit import chain
     from apps.invocations import rollups
     from apps.invocations.models import StreamTicket
 
@@ -268,6 +270,7 @@ def sweep() -> dict[str, int]:
     rollups.forget_old_minutes(now)
     end_dead_entries()
     StreamTicket.objects.forget_sessions()
+    chain.link_pending()
     return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 

@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from apps.audit import verify
 from apps.invocations import links
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.admin import TenantScopedAdmin
@@ -72,8 +73,9 @@ class InvocationRecordAdmin(TenantScopedAdmin):
             "Times",
             {"fields": ("created_at", "started_at", "ended_at", "duration_ms", "retry_after_ms")},
         ),
+        ("Audit", {"fields": ("audit_chain",)}),
     )
-    readonly_fields = ("related", "args_json", "result_json")
+    readonly_fields = ("related", "args_json", "result_json", "audit_chain")
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).select_related("tenant")
@@ -97,6 +99,13 @@ class InvocationRecordAdmin(TenantScopedAdmin):
     @admin.display(description="Result (redacted)")
     def result_json(self, record: InvocationRecord) -> str:
         return _pretty(record.result)
+
+    @admin.display(description="Audit chain")
+    def audit_chain(self, record: InvocationRecord) -> str:
+        status = verify.record_status(record)
+        return format_html(
+            '<span class="toolhub-audit toolhub-audit-{}">{}</span>', status.state, status.text
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -33,6 +33,7 @@ from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
+from apps.audit import chain
 from apps.invocations.models import InvocationRecord, RunEvent, Status, StreamTicket
 from apps.retention.models import PrunedId, PrunedRun, PruneMark, RetentionPolicy
 from apps.tenants.models import Tenant
@@ -336,4 +337,7 @@ def _prune_tenant(
             )
         if not mark.records and not mark.events:
             mark.delete()
+    if totals.records or totals.events:
+        # The chain's positions of what left go too, leaving a checkpoint (apps.audit).
+        chain.checkpoint(tenant, before)
     return totals

@@ -1,0 +1,152 @@
+"""The tamper-evident chain: per tenant, every record and event write, hashed in order.
+
+A write's entry starts in `AuditPending`, inserted by a trigger in the statement that
+writes the row (whatever wrote it: the runner, the combined PostgreSQL statement, a
+worker, the sweeper, a raw UPDATE), with the digest of the row's audited columns
+(apps.audit.digests). The sweeper links the pending entries of each tenant into its
+chain (`AuditEntry`, position `n`): link n = SHA-256(link n-1 || the entry's canonical
+bytes), the tenant's last position and link kept in `AuditHead`. Pruning leaves an
+`AuditCheckpoint` (the last link of the range it removed), itself chained as an entry.
+See docs/audit.md for what the chain proves and what it does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+
+from apps.tenants.models import Tenant
+
+GENESIS = "0" * 64
+
+
+class Kind(models.TextChoices):
+    RECORD = "record"
+    EVENT = "event"
+    CHECKPOINT = "checkpoint"
+
+
+class Op(models.TextChoices):
+    INSERT = "insert"
+    UPDATE = "update"  # a record's change before it ended (start, end)
+    EDIT = "edit"  # a change after the record ended, or any change of an event: never ours
+
+
+class AuditPending(models.Model):
+    """A write not linked yet: the queue the triggers fill and the sweeper empties."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No database constraint: the trigger's insert needs no lookup of the tenant.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    row_id = models.CharField(max_length=40)
+    run_id = models.CharField(max_length=128, blank=True)
+    event_seq = models.PositiveBigIntegerField(null=True)
+    op = models.CharField(max_length=6, choices=Op.choices)
+    digest = models.CharField(max_length=64)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.row_id} {self.op} (pending)"
+
+
+class AuditEntry(models.Model):
+    """Position `n` of a tenant's chain."""
+
+    id = models.BigAutoField(primary_key=True)
+    # db_index=False: both indexes lead with it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    n = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    row_id = models.CharField(max_length=40)
+    run_id = models.CharField(max_length=128, blank=True)
+    event_seq = models.PositiveBigIntegerField(null=True)
+    op = models.CharField(max_length=6, choices=Op.choices)
+    digest = models.CharField(max_length=64)
+    at = models.DateTimeField()
+    link = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "n"], name="one_entry_per_n")]
+        # A record's entries (the console's check of one call).
+        indexes = [models.Index(fields=["tenant", "row_id"])]
+
+    def __str__(self) -> str:
+        return f"#{self.n} {self.kind} {self.row_id} {self.op}"
+
+    def canonical(self) -> bytes:
+        return canonical(self.n, self.kind, self.row_id, self.op, self.digest, self.at)
+
+    def follows(self, previous_link: str) -> bool:
+        return self.link == chain_link(previous_link, self.canonical())
+
+
+def canonical(n: int, kind: str, row_id: str, op: str, digest: str, at: datetime) -> bytes:
+    """The bytes an entry's link hashes after the previous link."""
+    return json.dumps([n, kind, row_id, op, digest, at.isoformat()], separators=(",", ":")).encode()
+
+
+def chain_link(previous: str, entry: bytes) -> str:
+    return hashlib.sha256(bytes.fromhex(previous) + entry).hexdigest()
+
+
+class AuditHead(models.Model):
+    """A tenant's chain: its last position and link (locked by the linker, per tenant),
+    and how far a verification last got (what the console shows)."""
+
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    n = models.PositiveBigIntegerField(default=0)
+    link = models.CharField(max_length=64, default=GENESIS)
+    verified_n = models.PositiveBigIntegerField(default=0)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    broken_n = models.PositiveBigIntegerField(null=True, blank=True)
+    broken = models.CharField(max_length=500, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} at #{self.n}"
+
+
+class AuditCheckpoint(models.Model):
+    """Pruning removed positions up to `through_n`: their last link, count and times.
+
+    The chain goes on from `link`; the checkpoint itself is then chained as an entry
+    (kind checkpoint), so an edit of it breaks the chain after it. Not signed (no
+    signing key in toolhub when it was written): its proof is the chain around it.
+    """
+
+    # db_index=False: the (tenant, -through_n) index leads with it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    through_n = models.PositiveBigIntegerField()
+    link = models.CharField(max_length=64)
+    entries = models.PositiveBigIntegerField()
+    first_at = models.DateTimeField(null=True)
+    last_at = models.DateTimeField(null=True)
+    made_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-through_n"])]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} through #{self.through_n}"
+
+    def digest(self) -> str:
+        body: list[Any] = [
+            self.pk,
+            self.tenant_id,
+            self.through_n,
+            self.link,
+            self.entries,
+            *(t.isoformat() if t else None for t in (self.first_at, self.last_at, self.made_at)),
+        ]
+        return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
