@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "apps.oauth",
     "apps.receipts",
     "apps.audit",
+    "apps.identity",
 ]
 
 MIDDLEWARE = [
@@ -109,6 +110,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "apps.identity.context_processors.sign_in",
             ],
         },
     },
@@ -245,6 +247,47 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/admin/login/"
+
+# Staff sign-in with an OpenID provider (apps/identity, docs/identity.md): on when an
+# issuer is set. Endpoints come from the issuer's discovery document; groups -> roles by
+# the mappings superusers keep in the admin. mozilla-django-oidc's settings follow.
+TOOLHUB_OIDC_ISSUER = env_str("TOOLHUB_OIDC_ISSUER")
+TOOLHUB_OIDC_GROUPS_CLAIM = env_str("TOOLHUB_OIDC_GROUPS_CLAIM", "groups")
+TOOLHUB_OIDC_NAME = env_str("TOOLHUB_OIDC_NAME", "your identity provider")
+TOOLHUB_PASSWORD_LOGIN = env_bool("TOOLHUB_PASSWORD_LOGIN", default=True)
+OIDC_RP_CLIENT_ID = env_str("TOOLHUB_OIDC_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_str("TOOLHUB_OIDC_CLIENT_SECRET")
+if TOOLHUB_OIDC_ISSUER:
+    if not TOOLHUB_OIDC_ISSUER.startswith(("https://", "http://")):
+        raise ImproperlyConfigured("TOOLHUB_OIDC_ISSUER must be an http(s) URL")
+    if not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+        raise ImproperlyConfigured(
+            "TOOLHUB_OIDC_ISSUER needs TOOLHUB_OIDC_CLIENT_ID and TOOLHUB_OIDC_CLIENT_SECRET"
+        )
+    if not TOOLHUB_OIDC_GROUPS_CLAIM:
+        raise ImproperlyConfigured("TOOLHUB_OIDC_GROUPS_CLAIM must name a claim")
+    AUTHENTICATION_BACKENDS.append("apps.identity.backends.OpenIDBackend")
+    # After the messages middleware, before axes: ends sessions the provider ended.
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.contrib.messages.middleware.MessageMiddleware") + 1,
+        "apps.identity.middleware.ProviderSessionCheck",
+    )
+elif not TOOLHUB_PASSWORD_LOGIN:
+    raise ImproperlyConfigured(
+        "TOOLHUB_PASSWORD_LOGIN=0 needs TOOLHUB_OIDC_ISSUER: nobody could sign in"
+    )
+OIDC_RP_SIGN_ALGO = env_str("TOOLHUB_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("TOOLHUB_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_TOKEN_USE_BASIC_AUTH = True  # client_secret_basic, every provider's default
+OIDC_STORE_ID_TOKEN = True  # the id_token_hint of RP-initiated logout
+OIDC_TIMEOUT = 10
+OIDC_RENEW_ID_TOKEN_EXPIRY_SECONDS = env_int(
+    "TOOLHUB_OIDC_RECHECK_SECONDS", 900, minimum=30, maximum=86400
+)
+OIDC_EXEMPT_URLS = [re.compile(r"^/(api|mcp|ws|static|healthz|readyz|metrics|\.well-known)(/|$)")]
+LOGIN_REDIRECT_URL = "/admin/"
+LOGIN_REDIRECT_URL_FAILURE = LOGIN_URL
 # Login throttling (django-axes), for every password login (/admin/login/, which the console
 # and the demo chat use): after TOOLHUB_LOGIN_FAILURE_LIMIT wrong passwords for one username
 # from one client address, that pair is refused for TOOLHUB_LOGIN_COOLOFF_SECONDS, even with

@@ -3,6 +3,8 @@ from django.urls import URLPattern, URLResolver, include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps.identity import views as identity_views
+from apps.identity.forms import LoginForm
 from apps.invocations import views as invocation_views
 from apps.receipts import views as receipt_views
 from toolhub import health, metrics, websocket_docs
@@ -14,6 +16,8 @@ handler500 = "toolhub.api.json_server_error"
 admin.site.site_header = "toolhub admin"
 admin.site.site_title = "toolhub admin"
 admin.site.index_title = "Tenants, tools, policies and records"
+# The password login, refusing non-superusers when TOOLHUB_PASSWORD_LOGIN=0 (apps/identity).
+admin.site.login_form = LoginForm
 
 api_v1: list[URLPattern | URLResolver] = [
     path("", include("apps.tools.api.urls")),
@@ -26,7 +30,10 @@ api_v1: list[URLPattern | URLResolver] = [
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    # Before the admin's own: a provider's user signs out at the provider too.
+    path("admin/logout/", identity_views.logout),
     path("admin/", admin.site.urls),
+    path("oidc/", include("apps.identity.urls")),
     path("console/", include("apps.approvals.urls")),
     path("demo/chat/", invocation_views.demo_chat, name="demo-chat"),
     path("api/v1/", include(api_v1)),

@@ -16,6 +16,7 @@ from guardian.shortcuts import assign_perm
 
 from apps.approvals.models import ApprovalRequest, ApprovalWebhook, WebhookDelivery
 from apps.connections.models import Connection, Grant
+from apps.identity.models import ExternalIdentity, GroupMapping
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
 from apps.planning.models import Plan, PlanStep
@@ -123,6 +124,12 @@ def populate(slug: str) -> User:
     imported = Tool.objects.get(pk=f"mcp__srv{number}__tool")  # made before the diff
     McpTool.objects.create(
         server=server, remote_name=f"{slug}-tool", tool=imported, accepted_hash="0"
+    )
+    # Staff sign-in with a provider (apps.identity): superusers only, like the rest.
+    GroupMapping.objects.create(group=f"{slug}-ops", tenant=tenant, role=Role.OPERATOR)
+    sso = User.objects.create_user(f"{slug}-sso")
+    ExternalIdentity.objects.create(
+        user=sso, issuer=f"https://{slug}.example", subject=f"{slug}-sub", groups=[f"{slug}-ops"]
     )
     # The tool the walker opens (the first) and the one the rows use.
     for each in {tool, Tool.objects.order_by("pk").first()}:

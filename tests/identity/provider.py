@@ -265,31 +265,9 @@ class OpenIDProvider:
         }
         if resource:
             query["resource"] = resource
-        opener = urllib.request.build_opener(
-            _NoRedirect(), urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+        url = self.follow(
+            f"{self.issuer}/auth?{urllib.parse.urlencode(query)}", login, password, redirect_uri
         )
-        url = f"{self.issuer}/auth?{urllib.parse.urlencode(query)}"
-        data: bytes | None = None
-        for _ in range(10):
-            try:
-                with opener.open(urllib.request.Request(url, data=data), timeout=10) as page:
-                    body = page.read().decode(errors="replace")
-            except urllib.error.HTTPError as error:
-                if error.code not in (302, 303):
-                    raise ProviderError(error.read().decode(errors="replace")) from None
-                url = urllib.parse.urljoin(url, error.headers["Location"])
-                data = None
-                if url.startswith(redirect_uri):
-                    break
-                continue
-            form = _Form()
-            form.feed(body)
-            if form.action is None or data is not None:
-                raise ProviderError(" ".join(form.text) or body[:500])
-            url = urllib.parse.urljoin(url, form.action)
-            data = urllib.parse.urlencode({"login": login, "password": password}).encode()
-        else:
-            raise ProviderError(f"the flow did not come back to {redirect_uri}")
         params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
         if "error" in params:
             raise ProviderError(f"{params['error']}: {params.get('error_description', '')}")
@@ -305,6 +283,46 @@ class OpenIDProvider:
             form_body["resource"] = resource
         response: dict[str, Any] = self._token_request(client_id, client_secret, form_body)
         return response
+
+    def follow(
+        self,
+        url: str,
+        login: str | None,
+        password: str | None,
+        until: str,
+        jar: http.cookiejar.CookieJar | None = None,
+    ) -> str:
+        """Follow an authorization request through the provider (its login form, filled
+        with login and password when it shows; its consent, given) until it redirects to
+        a URL starting with `until`; that URL. `jar` keeps the provider's session between
+        calls, as a browser's cookies do. ProviderError when the provider stops on a page
+        (a wrong password, an error)."""
+        opener = urllib.request.build_opener(
+            _NoRedirect(),
+            urllib.request.HTTPCookieProcessor(
+                jar if jar is not None else http.cookiejar.CookieJar()
+            ),
+        )
+        data: bytes | None = None
+        for _ in range(10):
+            try:
+                with opener.open(urllib.request.Request(url, data=data), timeout=10) as page:
+                    body = page.read().decode(errors="replace")
+            except urllib.error.HTTPError as error:
+                if error.code not in (302, 303):
+                    raise ProviderError(error.read().decode(errors="replace")) from None
+                url = urllib.parse.urljoin(url, error.headers["Location"])
+                data = None
+                if url.startswith(until):
+                    return url
+                continue
+            form = _Form()
+            form.feed(body)
+            if form.action is None or data is not None or login is None:
+                raise ProviderError(" ".join(form.text) or body[:500])
+            url = urllib.parse.urljoin(url, form.action)
+            data = urllib.parse.urlencode({"login": login, "password": password or ""}).encode()
+        raise ProviderError(f"the flow did not come back to {until}")
 
     def access_token(
         self, login: str, password: str, resource: str, scope: str = "openid mcp", **kw: Any

@@ -116,7 +116,19 @@ const provider = new Provider(issuer, {
     clientCredentials: { enabled: true },
     introspection: { enabled: true },
     revocation: { enabled: true },
-    rpInitiatedLogout: { enabled: true },
+    rpInitiatedLogout: {
+      enabled: true,
+      // Plain pages (the default one imports a web font: nothing to fetch in a test).
+      async logoutSource(ctx, form) {
+        ctx.body = `<!doctype html><html><head><title>Sign out</title></head><body>
+<h1>Sign out of the test provider?</h1>${form}
+<button autofocus type="submit" form="op.logoutForm" value="yes" name="logout">Yes, sign me out</button>
+<button type="submit" form="op.logoutForm">No, stay signed in</button></body></html>`;
+      },
+      async postLogoutSuccessSource(ctx) {
+        ctx.body = '<!doctype html><title>Signed out</title><h1>Signed out of the test provider</h1>';
+      },
+    },
     resourceIndicators: {
       enabled: true,
       defaultResource: async (ctx, client, oneOf) => oneOf,
