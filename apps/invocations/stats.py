@@ -36,6 +36,7 @@ from apps.invocations.models import (
 )
 from apps.invocations.rollups import DENIALS, LATENCY_BUCKETS, Tally
 from apps.tenants.models import Tenant
+from apps.tools.models import Tool
 
 LATENCY_SAMPLE = 20_000
 TOP = 10
@@ -132,10 +133,13 @@ def calls_per_minute(
 
 def latency_by_tool(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """p50 and p99 of the calls that ended in the window, per tool, slowest p99 first,
-    from the histogram buckets (see the module docstring)."""
+    from the histogram buckets (see the module docstring). Only tools of the catalog: a
+    call naming no tool (refused as unknown) is no tool's latency."""
     tallies: dict[str, Tally] = defaultdict(Tally)
     for row in window:
         tallies[row["tool_ref"]].merge(row["calls"], row["timed"], row["sum_ms"], row["buckets"])
+    known = set(Tool.objects.filter(pk__in=list(tallies)).values_list("pk", flat=True))
+    tallies = {tool: tally for tool, tally in tallies.items() if tool in known}
     rows: list[dict[str, Any]] = [
         {
             "tool": tool,

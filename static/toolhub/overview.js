@@ -43,6 +43,11 @@
     ];
     charts.pending.data.labels = minutes;
     charts.pending.data.datasets = [{ label: "pending", data: data.pendingOverTime, borderColor: "#e0a100", backgroundColor: "rgba(224,161,0,.2)", fill: true, stepped: true }];
+    // Counts on a scale of their own size: a lone denial is a short bar, not a full one.
+    [[charts.deniedTools, data.topDeniedTools], [charts.deniedPrincipals, data.topDeniedPrincipals]].forEach(function (pair) {
+      var most = pair[1].reduce(function (top, row) { return Math.max(top, row.count); }, 0);
+      pair[0].options.scales.x.suggestedMax = Math.max(5, Math.ceil(most * 1.2));
+    });
     charts.deniedTools.data.labels = data.topDeniedTools.map(function (row) { return row.name; });
     charts.deniedTools.data.datasets = [{ label: "denied", data: data.topDeniedTools.map(function (row) { return row.count; }), backgroundColor: "#c62828" }];
     charts.deniedPrincipals.data.labels = data.topDeniedPrincipals.map(function (row) { return row.name; });

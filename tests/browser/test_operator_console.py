@@ -362,3 +362,29 @@ def test_an_operator_ticks_calls_in_the_live_queue_and_approves_them_at_once(
         expect(row(page, third["approvalId"])).to_have_count(1)
         records = [outcome(base, agent.key, held["invocationId"]) for held in (first, second)]
     assert [record["status"] for record in records] == ["succeeded", "succeeded"], records
+
+
+def test_the_overview_draws_counts_to_scale_and_only_real_tools(
+    test_tools, make_operator, new_context
+):
+    agent = make_agent("acme")
+    allow(agent.tenant, "test__echo")
+    make_operator(agent.tenant, "opal", "test__echo")
+    with daphne(SERVER_ENV) as base:
+        status, _ = api(base, agent.key, "POST", "/api/v1/invocations/",
+                        {"toolId": "test__echo", "args": {"text": "x"}})  # fmt: skip
+        assert status == 200
+        api(base, agent.key, "POST", "/api/v1/invocations/", {"toolId": "no__such_tool"})
+        api(base, agent.key, "POST", "/api/v1/invocations/", {"toolId": "test__crash"})  # denied
+        page = operator_page(new_context, base)
+        log_in(page, "opal", "/console/overview/")
+        page.wait_for_function(
+            "Chart.getChart('chart-latency')?.data.labels.length > 0"
+            " && Chart.getChart('chart-denied-tools')?.data.labels.length > 0"
+        )
+        latency_tools = page.evaluate("Chart.getChart('chart-latency').data.labels")
+        denied_axis_max = page.evaluate("Chart.getChart('chart-denied-tools').scales.x.max")
+        screenshot(page, "overview")
+    assert "test__echo" in latency_tools
+    assert "no__such_tool" not in latency_tools  # an unknown id is no tool
+    assert denied_axis_max >= 5  # one denial is a short bar, not the whole width

@@ -89,6 +89,18 @@ def test_the_overview_gives_p50_and_p99_latency_per_tool(caller, console):
     assert (echo["calls"], echo["p50Ms"], echo["p99Ms"]) == (5, 50, 1000)
 
 
+def test_a_call_naming_no_tool_is_not_a_tool_in_the_latency_chart(caller, console):
+    assert caller.invoke(ECHO, args={"text": "x"}).status_code == 200
+    unknown = caller.invoke("no__such_tool", args={})
+    assert unknown.json()["errorCode"] == "unavailable", unknown.content  # recorded
+
+    data = console.get("/console/overview/data/").json()
+
+    assert [row["tool"] for row in data["latencyByTool"]] == [ECHO]
+    per_minute = sum(sum(series["data"]) for series in data["callsPerMinute"])
+    assert per_minute == 2  # it still counts as a call
+
+
 def test_nearest_rank_percentiles_are_real_durations():
     assert stats.percentile([5], 99) == 5
     assert stats.percentile(list(range(1, 101)), 50) == 50
