@@ -59,7 +59,9 @@ def clock_record(agent: Agent) -> InvocationRecord:
 def assert_refused(error: MCPError) -> None:
     """Both clients raise the JSON-RPC error of toolhub's 401 body."""
     assert error.code == -32600
-    assert error.message == "Authentication required: Authorization: Bearer <API key>."
+    assert error.message == (
+        "Authentication required: Authorization: Bearer <API key>. Invalid or revoked API key."
+    )
 
 
 # ---------------------------------------------------------------- FastMCP

@@ -117,7 +117,9 @@ def test_a_token_for_another_audience_or_issuer_is_refused(server, alice, oidc_p
     assert found["error_description"] == (
         f"The token is for another resource (aud); this one is {server}/mcp."
     )
-    assert refused.json()["error"]["message"] == found["error_description"]
+    assert refused.json()["error"]["message"] == (
+        f"Authentication required: Authorization: Bearer <API key>. {found['error_description']}"
+    )
 
     with openid_provider() as stranger:
         stranger.add_resource(f"{server}/mcp", scope="mcp")

@@ -508,7 +508,10 @@ def _key_for(scope: Scope) -> ApiKey | Reply:
         challenge_header = ((b"www-authenticate", challenge(refusal, resource).encode()),)
         if refusal.status == 503:  # the issuer's keys could not be read: not the token's fault
             return _refusal(refusal.status, refusal.description)
-        return _refusal(refusal.status, refusal.description, challenge_header)
+        message = refusal.description
+        if refusal.status == 401 and refusal.error:  # what is wanted, then what was wrong
+            message = f"{bearer.MISSING} {refusal.description}"
+        return _refusal(refusal.status, message, challenge_header)
 
 
 def _run(
