@@ -7,6 +7,7 @@ the variable's name in the message rather than running with a surprise default.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -59,6 +60,20 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     if any(item == "" for item in items) and raw.strip() != "":
         raise ImproperlyConfigured(f"{name} is a comma-separated list with an empty item: {raw!r}")
     return [item for item in items if item]
+
+
+def env_json_list(name: str) -> list[object]:
+    """A JSON list (empty when unset); anything else is refused with the variable's name."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON list: {exc}") from None
+    if not isinstance(value, list):
+        raise ImproperlyConfigured(f"{name} must be a JSON list; got {type(value).__name__}")
+    return value
 
 
 # Secret keys that must never protect a real deployment.

@@ -5,9 +5,9 @@ ends a record, and folded into rollups by the sweeper (apps/invocations/rollups.
 scrape reads O(tenants x tools x statuses) rows, not the records, and any process answers
 with the totals of all processes; a restart resets nothing. Calls in flight, pending
 approvals and queue depth are read at scrape time from partial indexes that hold only
-such rows. Open streams are the one per-process number (`toolhub_open_streams`): each
-Daphne process counts the WebSocket streams it holds, so a dashboard sums the gauge over
-instances.
+such rows. Open streams (`toolhub_open_streams`) and result cache lookups
+(`toolhub_result_cache_lookups_total`) are per-process numbers: each process counts its
+own, so a dashboard sums them over instances.
 
 Access: `Authorization: Bearer $TOOLHUB_METRICS_TOKEN`, or a superuser's session (for a
 look in the browser). The numbers name every tenant and tool, so nobody else gets them:
@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from apps.invocations import stats
+from apps.invocations import result_cache, stats
 
 
 class OpenStreams:
@@ -135,6 +135,16 @@ class DatabaseCollector(Collector):
         for name in sorted({"default", *depth}):
             queue.add_metric([name], depth.get(name, 0))
         yield queue
+
+        cache = CounterMetricFamily(
+            "toolhub_result_cache_lookups",
+            "Result cache lookups of read-only tools in this process (sum over processes), "
+            "by tenant, tool and outcome (hit, miss).",
+            labels=["tenant", "tool", "outcome"],
+        )
+        for (tenant, tool, outcome), count in sorted(result_cache.lookups.snapshot().items()):
+            cache.add_metric([tenant, tool, outcome], count)
+        yield cache
 
         streams = GaugeMetricFamily(
             "toolhub_open_streams",

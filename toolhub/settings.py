@@ -12,7 +12,15 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from toolhub.env import env_bool, env_int, env_list, env_secret, env_str, read_secret_file
+from toolhub.env import (
+    env_bool,
+    env_int,
+    env_json_list,
+    env_list,
+    env_secret,
+    env_str,
+    read_secret_file,
+)
 
 # Lets generic annotations such as admin.ModelAdmin[Tool] work at runtime.
 django_stubs_ext.monkeypatch()
@@ -232,6 +240,29 @@ else:
             "CONFIG": {"capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 100, minimum=10)},
         }
     }
+
+# The result cache of read-only tools (apps/invocations/result_cache.py). Embedded: each
+# process keeps its own, in memory. With REDIS_URL every process shares one in Redis, so
+# a result computed by one process answers the next call wherever it lands.
+TOOLHUB_RESULT_CACHE_ENTRIES = env_int(
+    "TOOLHUB_RESULT_CACHE_ENTRIES", 10_000, minimum=100, maximum=10_000_000
+)
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "results": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "toolhub-results",
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "toolhub-results",
+            "OPTIONS": {"MAX_ENTRIES": TOOLHUB_RESULT_CACHE_ENTRIES},
+        }
+    ),
+}
 
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username and address before any password is checked.
@@ -485,6 +516,11 @@ TOOLHUB_LOG_ARGUMENT_VALUES = env_bool("TOOLHUB_LOG_ARGUMENT_VALUES", default=Fa
 # Threads that run tool code; a tool that ignores its deadline keeps one busy. Started only
 # when needed; 128 lets 50 concurrent 1 s calls finish in about 1 s (issue 13; 32 took 2 s+).
 TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 128, minimum=1, maximum=1024)
+# Hooks (docs/hooks.md): code that takes part in every tool call, as a JSON list of
+# entries; the system check (manage.py check) refuses one that does not load.
+TOOLHUB_HOOKS = env_json_list("TOOLHUB_HOOKS")
+# How long one hook may run (ms), cut to the time the call has left.
+TOOLHUB_HOOK_TIMEOUT_MS = env_int("TOOLHUB_HOOK_TIMEOUT_MS", 2000, minimum=10, maximum=600_000)
 # Retention (apps/retention, docs/deployment.md): days a finished call (record, run
 # events, approval) is kept unless its tenant sets its own. Unset keeps everything; 0 or
 # less is refused. The worker prunes every TOOLHUB_RETENTION_EVERY_S seconds.

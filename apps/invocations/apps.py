@@ -6,4 +6,4 @@ class InvocationsConfig(AppConfig):
     label = "invocations"
 
     def ready(self) -> None:
-        from apps.invocations import revocations  # noqa: F401  (connects its signal receiver)
+        from apps.invocations import checks, revocations  # noqa: F401  (registers them)

@@ -92,6 +92,13 @@ class InvocationRecord(models.Model):
         blank=True,
         help_text="The signed receipt of the ended call, a compact JWS (apps/receipts).",
     )
+    # Nullable, without a default, for the same reason as the receipt.
+    cache_hit = models.BooleanField(
+        null=True, blank=True, help_text="True: answered from the result cache, nothing ran."
+    )
+    hooks = models.JSONField(
+        null=True, blank=True, help_text="What each hook (settings.TOOLHUB_HOOKS) did, in order."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -156,6 +163,10 @@ class InvocationRecord(models.Model):
             ("policyRule", self.policy_rule),
         )
         data.update((name, value) for name, value in context if value not in (None, ""))
+        if self.cache_hit:
+            data["cacheHit"] = True
+        if self.hooks:
+            data["hooks"] = self.hooks
         data["createdAt"] = _instant(self.created_at)
         data["startedAt"] = _instant(self.started_at)
         data["endedAt"] = _instant(self.ended_at)

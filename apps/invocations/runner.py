@@ -15,6 +15,7 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
   7 hold_for_approval    pending_approval
   8 record_start         tool_call_start
   9 bind_capabilities
+    (9a read_cache       a read-only tool's cached result answers; nothing runs)
  10 execute              execution, timeout, cancelled, unavailable (a remote server down)
     scrub_secrets        execution (the secrets the call sent out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
@@ -28,6 +29,7 @@ A step that refuses raises `Refusal`; the call then ends as a recorded
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -58,8 +60,10 @@ from apps.approvals.models import ApprovalRequest
 from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import combined, events, ratelimit, signals, statements
+from apps.invocations import combined, events, ratelimit, result_cache, signals, statements
 from apps.invocations.capabilities import bind
+from apps.invocations.hooks import HookCall, Stage
+from apps.invocations.hooks import pipeline as hook_pipeline
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import (
     MAX_ARGS_BYTES,
@@ -148,6 +152,14 @@ class Call:
     # The key that signs its receipt, chosen with its checks (at their epoch, no query).
     signer: receipt_keys.Signer | None = field(default=None, repr=False)
     approval: ApprovalRequest | None = field(default=None, repr=False)  # a held call's
+    # The authorization epoch its checks were answered at (check_call): the result
+    # cache's keys carry it, so an edit since then makes a miss.
+    checked_epoch: int | None = None
+    cache_hit: bool = False  # answered from the result cache (step 9a)
+    # What the hooks did (apps/invocations/hooks), in order: the record keeps it.
+    hook_trace: list[dict[str, str]] = field(default_factory=list)
+    args_changed_by: str = ""  # the last hook that changed the arguments
+    hooked_result: Any = field(default=None, repr=False)  # the after_result hooks' result
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -211,13 +223,34 @@ def check_call(call: Call, known_epoch: int | None = None) -> int:
         if not call.dry_run:
             call.signer = receipt_keys.signer()
         lookup_tool(call)
+        run_hooks(call, Stage.BEFORE_AUTHORIZATION)  # may only refuse, or change the args
         check_policy(call)
         check_permission(call)
         check_connection(call)
         checked_at = epoch.current()
-    validate_args(call)
+    _validate_hooked(call)
     apply_rules(call)
+    changed_by = call.args_changed_by
+    run_hooks(call, Stage.AFTER_VALIDATION)
+    if call.args_changed_by != changed_by:  # new args: validated and ruled on again
+        _validate_hooked(call)
+        apply_rules(call)
+    call.checked_epoch = checked_at
     return checked_at
+
+
+def _validate_hooked(call: Call) -> None:
+    """validate_args, naming the hook when a hook set the arguments."""
+    try:
+        validate_args(call)
+    except Refusal as refusal:
+        if not call.args_changed_by:
+            raise
+        raise Refusal(
+            refusal.code,
+            f"The arguments the hook {call.args_changed_by} set are refused. "
+            + refusal.safe_message,
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -379,6 +412,7 @@ def invoke(caller: Caller, request: InvocationRequest) -> InvocationRecord:
             return winner if winner is not None else run_started(call)
         return _run_holding_start(call)
     except Refusal as refusal:
+        run_error_hooks(call, refusal)
         return record_refusal(call, refusal)
 
 
@@ -502,9 +536,7 @@ def resume(
             try:
                 checked_at = check_call(call, known)
                 if call.request_hash != approval.bound_hash:
-                    raise Refusal(
-                        ErrorCode.POLICY_DENIED, "The call differs from what was approved."
-                    )
+                    raise Refusal(ErrorCode.POLICY_DENIED, _differs(call))
             except Refusal as refusal:
                 refused = refusal
         if refused is not None:
@@ -537,6 +569,15 @@ def resume(
         record_start(call)
     call.closing = closing
     return run_started(call)
+
+
+def _differs(call: Call) -> str:
+    if call.args_changed_by:
+        return (
+            f"The hook {call.args_changed_by} changed the arguments after approval: "
+            "the call differs from what was approved."
+        )
+    return "The call differs from what was approved."
 
 
 # How many times a call whose claim missed because of an edit (the epoch moved) is checked
@@ -723,18 +764,235 @@ def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> I
 
 def run_started(call: Call) -> InvocationRecord:
     """Steps 9-13 for a call whose start is recorded."""
+    assert call.tool is not None
     try:
-        capabilities = bind_capabilities(call)
-        call.scrubber = broker.scrubber_of(capabilities.http)
-        output = scrub_secrets(call, execute(call, capabilities))
-        result = validate_output(call, output)
+        answered = run_hooks(call, Stage.BEFORE_EXECUTION)
+        cache_key = "" if answered is not None else _cache_key(call)
+        if cache_key:
+            hit, cached = result_cache.get(call.caller.tenant.slug, call.tool.id, cache_key)
+            if hit:  # already through the after_result hooks and redaction
+                call.cache_hit = True
+                return record_result(call, cached)
+        if answered is not None:  # a hook answered in the tool's place
+            result = _validate_hook_output(call, answered.hook, answered.answer)
+        else:
+            capabilities = bind_capabilities(call)
+            call.scrubber = broker.scrubber_of(capabilities.http)
+            output = scrub_secrets(call, execute(call, capabilities))
+            result = validate_output(call, output)
+        result = after_result(call, result)
         failure = reported_failure(call, result)
         if failure is not None:
             refusal = Refusal(ErrorCode.EXECUTION, failure)
             return _finish(call, ok=False, result=redact_result(call, result), refusal=refusal)
-        return record_result(call, redact_result(call, result))
+        redacted = redact_result(call, result)
+        if cache_key:
+            result_cache.put(call.tool.cache_ttl_s, cache_key, redacted)
+        return record_result(call, redacted)
     except Refusal as refusal:
-        return record_refusal(call, _scrubbed(call, refusal))
+        refusal = _scrubbed(call, refusal)
+        run_error_hooks(call, refusal)
+        return record_refusal(call, refusal)
+
+
+def _cache_key(call: Call) -> str:
+    """9a. The result cache's key for this call, "" when its tool's results are not
+    cached (apps/invocations/result_cache.py). Asked only here, after every check and
+    the approval gate: a cached answer passes exactly what a run would have passed."""
+    if not result_cache.cacheable(call.tool) or call.checked_epoch is None:
+        return ""
+    assert call.tool is not None
+    return result_cache.key(
+        tool=call.tool,
+        tenant_id=call.caller.tenant.pk,
+        principal=call.caller.principal,
+        run_id=call.run_id,
+        request_hash=call.request_hash,
+        epoch=call.checked_epoch,
+        hooks=hook_pipeline.fingerprint(),
+    )
+
+
+# ---------------------------------------------------------------- hooks
+
+
+def run_hooks(call: Call, stage: Stage) -> hook_pipeline.Ran | None:
+    """The hooks of `stage` that apply to this call, in priority order
+    (apps/invocations/hooks). Each one's action becomes the call's: new arguments are
+    taken (before_authorization, after_validation), an abort or a failure is a Refusal
+    naming the hook, an answer (before_execution) is returned. None: no hook answered."""
+    if not settings.TOOLHUB_HOOKS or call.dry_run:
+        return None
+    arguments = call.raw_args if stage == Stage.BEFORE_AUTHORIZATION else call.args_json
+    for registered in _hooks_for(call, stage, arguments):
+        view = _hook_view(call, stage, arguments)
+        ran = hook_pipeline.run_one(registered, view, _hook_limit(call))
+        _take(call, ran)
+        if ran.outcome == "respond":
+            return ran
+        arguments = view.arguments  # the next hook sees this one's arguments
+    return None
+
+
+def _hooks_for(
+    call: Call, stage: Stage, arguments: dict[str, Any] | None
+) -> list[hook_pipeline.Registered]:
+    try:
+        return hook_pipeline.for_stage(stage, _hook_view(call, stage, arguments))
+    except Exception as exc:  # the system check reports the details at start-up
+        logger.error("hooks could not be loaded: %s", exc)
+        raise Refusal(
+            ErrorCode.EXECUTION,
+            "The deployment's hooks could not be loaded (manage.py check names the problem); "
+            "the tool was not run.",
+        ) from None
+
+
+def _hook_view(
+    call: Call, stage: Stage, arguments: dict[str, Any] | None, refusal: Refusal | None = None
+) -> HookCall:
+    assert call.tool is not None
+    return HookCall(
+        stage=stage,
+        tool_id=call.tool.id,
+        effect=call.tool.effect,
+        source=call.tool.source,
+        tenant=call.caller.tenant.slug,
+        principal=call.caller.principal,
+        run_id=call.run_id,
+        tool_call_id=call.tool_call_id,
+        arguments=copy.deepcopy(arguments),
+        result=copy.deepcopy(call.hooked_result) if stage == Stage.AFTER_RESULT else None,
+        error_code=str(refusal.code) if refusal is not None else "",
+        safe_message=refusal.safe_message if refusal is not None else "",
+    )
+
+
+def _hook_limit(call: Call) -> float:
+    """A hook's deadline: TOOLHUB_HOOK_TIMEOUT_MS, cut to the time the call has left."""
+    assert call.tool is not None
+    left = (
+        call.context.time_left()
+        if call.context is not None
+        else call.timeout_s
+        if call.decision is not None
+        else call.tool.timeout_ms / 1000
+    )
+    return max(0.0, min(settings.TOOLHUB_HOOK_TIMEOUT_MS / 1000, left))
+
+
+_NOT_RUN = {
+    Stage.BEFORE_AUTHORIZATION: "the tool was not run",
+    Stage.AFTER_VALIDATION: "the tool was not run",
+    Stage.BEFORE_EXECUTION: "the tool was not run",
+    Stage.AFTER_RESULT: "the tool's result was not returned",
+    Stage.ON_ERROR: "the call's error stands",
+}
+_ARGS_STAGES = (Stage.BEFORE_AUTHORIZATION, Stage.AFTER_VALIDATION)
+
+
+def _take(call: Call, ran: hook_pipeline.Ran) -> None:
+    """Make one hook's action the call's, and note it in the trace; raise the Refusal
+    it leads to."""
+    name, stage, view = ran.hook, ran.stage, ran.call
+
+    def trace(did: str) -> None:
+        call.hook_trace.append({"hook": name, "stage": str(stage), "did": did})
+
+    if ran.outcome == "timed_out":
+        trace(f"did not finish within {ran.limit_s:g} s")
+        raise Refusal(
+            ErrorCode.TIMEOUT,
+            f"The hook {name} did not finish within {ran.limit_s:g} s; {_NOT_RUN[stage]}.",
+        )
+    if ran.outcome == "raised":
+        trace(f"raised {ran.error}")
+        raise Refusal(
+            ErrorCode.EXECUTION, f"The hook {name} failed ({ran.error}); {_NOT_RUN[stage]}."
+        )
+    if ran.outcome == "abort":
+        assert ran.abort is not None
+        try:
+            code = ErrorCode(ran.abort.code)
+        except ValueError:
+            trace(f"aborted with {str(ran.abort.code)[:40]!r}, not an error code")
+            raise Refusal(
+                ErrorCode.EXECUTION,
+                f"The hook {name} aborted with {str(ran.abort.code)[:40]!r}, which is not an "
+                f"error code; {_NOT_RUN[stage]}.",
+            ) from None
+        trace(f"aborted: {code}")
+        raise Refusal(code, f"{str(ran.abort.message)[:800]} (refused by the hook {name})")
+    if ran.outcome == "respond":
+        if stage != Stage.BEFORE_EXECUTION:
+            trace("tried to answer")
+            raise Refusal(
+                ErrorCode.EXECUTION,
+                f"The hook {name} tried to answer at {stage}; only before_execution hooks, "
+                f"after the checks and the approval gate, may answer; {_NOT_RUN[stage]}.",
+            )
+        trace("answered in the tool's place")
+        return
+    if stage == Stage.AFTER_RESULT and view.result != ran.before:
+        trace("changed the result")
+        call.hooked_result = _validate_hook_output(call, name, view.result)
+        return
+    if view.arguments == ran.before:
+        trace("passed")
+        return
+    if stage not in _ARGS_STAGES:
+        trace("changed the arguments after the checks")
+        raise Refusal(
+            ErrorCode.POLICY_DENIED,
+            f"The hook {name} changed the arguments at {stage}, after the checks and the "
+            "approval gate saw them; the call is refused.",
+        )
+    if not isinstance(view.arguments, dict):
+        trace("set arguments that are not an object")
+        raise Refusal(
+            ErrorCode.VALIDATION, f"The hook {name} set arguments that are not a JSON object."
+        )
+    trace("changed the arguments")
+    call.raw_args, call.args_problem, call.args_changed_by = view.arguments, None, name
+
+
+def _validate_hook_output(call: Call, hook: str, output: Any) -> dict[str, Any]:
+    """validate_output for a result a hook gave, naming the hook when it is refused."""
+    try:
+        return validate_output(call, output)
+    except Refusal as refusal:
+        if refusal.code != ErrorCode.OUTPUT_INVALID:
+            raise
+        raise Refusal(
+            ErrorCode.OUTPUT_INVALID,
+            f"The hook {hook} gave a result that does not match the tool's declared output.",
+        ) from None
+
+
+def after_result(call: Call, result: dict[str, Any]) -> dict[str, Any]:
+    """11a. The after_result hooks, each seeing the last one's (validated) result."""
+    call.hooked_result = result
+    run_hooks(call, Stage.AFTER_RESULT)
+    return call.hooked_result
+
+
+def run_error_hooks(call: Call, refusal: Refusal) -> None:
+    """The on_error hooks see the error; they cannot change it, and their own failure
+    is noted in the trace, never raised."""
+    if not settings.TOOLHUB_HOOKS or call.dry_run or call.tool is None:
+        return
+    try:
+        arguments = call.args_json if call.args_json is not None else call.raw_args
+        view = _hook_view(call, Stage.ON_ERROR, arguments, refusal)
+        for registered in hook_pipeline.for_stage(Stage.ON_ERROR, view):
+            view = _hook_view(call, Stage.ON_ERROR, arguments, refusal)
+            ran = hook_pipeline.run_one(registered, view, _hook_limit(call))
+            did = {"ok": "saw the error", "timed_out": "did not finish"}.get(
+                ran.outcome, f"{ran.outcome} {ran.error}".strip()
+            )
+            call.hook_trace.append({"hook": ran.hook, "stage": str(Stage.ON_ERROR), "did": did})
+    except Exception:
+        logger.exception("on_error hooks failed for %s", call.tool_ref)
 
 
 def _join_requester(approval: ApprovalRequest) -> None:
@@ -760,6 +1018,7 @@ def _call_for(approval: ApprovalRequest, args: dict[str, Any]) -> Call:
     call = Call.receive(caller, request)
     call.approval = approval
     call.record = approval.invocation
+    call.hook_trace = list(call.record.hooks or [])  # what the hooks did when it was held
     # The record's tenant is the approval's: closing the record costs no query for it.
     InvocationRecord.tenant.field.set_cached_value(call.record, approval.tenant)
     return call
@@ -1395,6 +1654,8 @@ def _record_fields(call: Call) -> dict[str, Any]:
         "args": call.redacted_args(),
         "args_shape": shape_of(call.raw_args) if call.raw_args is not None else None,
         "policy_rule": call.decision.rule if call.decision else "",
+        "cache_hit": call.cache_hit or None,
+        "hooks": call.hook_trace or None,
     }
 
 
@@ -1412,6 +1673,8 @@ def _finish(
     call: Call, *, ok: bool, result: Any = None, refusal: Refusal | None = None
 ) -> InvocationRecord:
     if call.record is not None:
+        call.record.cache_hit = call.cache_hit or None
+        call.record.hooks = call.hook_trace or None
         return _close_record(
             call.record, ok=ok, result=result, refusal=refusal, closing=call.closing, call=call
         )
@@ -1439,6 +1702,8 @@ CLOSING_FIELDS = (
     "safe_message",
     "retry_after_ms",
     "receipt",
+    "cache_hit",
+    "hooks",
 )
 
 
@@ -1548,6 +1813,8 @@ def _result_event(record: InvocationRecord) -> events.Event:
         outcome["retryAfterMs"] = record.retry_after_ms
     if record.receipt:
         outcome["receipt"] = record.receipt
+    if record.cache_hit:
+        outcome["cacheHit"] = True
     return events.Event("tool_call_result", record.tool_call_id, record.tool_ref, outcome)
 
 

@@ -47,7 +47,7 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         "created_at", "updated_at",
     )  # fmt: skip
 
-    superuser_only_fields = ("enabled",)
+    superuser_only_fields = ("enabled", "cache_ttl_s", "cache_scope")
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset

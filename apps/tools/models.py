@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
 from apps.tenants.epoch import EpochCache, EpochQuerySet
@@ -18,6 +19,14 @@ class ConsequenceLevel(models.TextChoices):
     LOW = "low"
     MEDIUM = "medium"
     HIGH = "high"
+
+
+class CacheScope(models.TextChoices):
+    """Who shares a cached result (apps/invocations/result_cache.py)."""
+
+    TENANT = "tenant", "every caller of the tenant"
+    PRINCIPAL = "principal", "the same principal"
+    RUN = "run", "the same run"
 
 
 class Source(models.TextChoices):
@@ -101,6 +110,21 @@ class Tool(models.Model):
         editable=False,
         help_text="False when the code or server no longer provides it.",
     )
+    # The result cache (read_only tools only): off unless staff set a TTL. An edit of the
+    # tool, a policy or a connection changes the authorization epoch, which every cache
+    # key carries, so no answer outlives the rules it was given under.
+    cache_ttl_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Seconds a successful result is reused for the same arguments and "
+        "connection (read-only tools only). Empty: no cache.",
+    )
+    cache_scope = models.CharField(
+        max_length=10,
+        choices=CacheScope.choices,
+        default=CacheScope.PRINCIPAL,
+        help_text="Who shares a cached result.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -119,6 +143,12 @@ class Tool(models.Model):
     @property
     def usable(self) -> bool:
         return self.enabled and self.available
+
+    def clean(self) -> None:
+        if self.cache_ttl_s and self.effect != Effect.READ_ONLY:
+            raise ValidationError(
+                {"cache_ttl_s": "Only read-only tools can have their results cached."}
+            )
 
     def apply_contract(self, registered: RegisteredTool) -> None:
         contract = registered.contract

@@ -32,6 +32,17 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
     connectionId = serializers.CharField(source="connection_id", required=False)
     idempotencyKey = serializers.CharField(source="idempotency_key", required=False)
     policyRule = serializers.CharField(source="policy_rule", required=False)
+    cacheHit = serializers.BooleanField(
+        source="cache_hit",
+        required=False,
+        help_text="Present (true) when the result came from the tool's result cache: "
+        "the tool did not run.",
+    )
+    hooks = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text="What each hook did, in order: {hook, stage, did} (docs/hooks.md).",
+    )
     createdAt = serializers.DateTimeField(source="created_at")
     startedAt = serializers.DateTimeField(source="started_at", required=False, allow_null=True)
     endedAt = serializers.DateTimeField(source="ended_at", required=False, allow_null=True)
@@ -53,6 +64,8 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "connectionId",
         "idempotencyKey",
         "policyRule",
+        "cacheHit",
+        "hooks",
         "approvalId",
         "receipt",
     )
@@ -62,8 +75,8 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         fields = [
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
             "safeMessage", "retryAfterMs", "args", "principal", "connectionId", "idempotencyKey",
-            "policyRule", "createdAt", "startedAt", "endedAt", "durationMs", "approvalId",
-            "receipt",
+            "policyRule", "cacheHit", "hooks", "createdAt", "startedAt", "endedAt", "durationMs",
+            "approvalId", "receipt",
         ]  # fmt: skip
 
     def get_approvalId(self, record: InvocationRecord) -> str | None:
