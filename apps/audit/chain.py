@@ -25,6 +25,8 @@ from apps.audit.models import (
     canonical,
     chain_link,
 )
+from apps.receipts import body as receipt_body
+from apps.receipts import keys
 from apps.tenants.models import Tenant
 
 BATCH = 2000
@@ -104,7 +106,8 @@ MARGIN = timedelta(seconds=5)
 def checkpoint(tenant: Tenant, before: datetime) -> AuditCheckpoint | None:
     """After pruning `tenant`'s calls created before `before`: remove the chain's positions
     journaled before them (and before the oldest call that stays), leaving a checkpoint
-    with their last link, itself chained. None when no position could go.
+    with their last link, signed with the receipts' key and itself chained. None when no
+    position could go.
 
     What remains verifies from the checkpoint; an entry after it whose row was pruned
     (a pruned call's late event) is answered by the retention tombstones."""
@@ -138,6 +141,8 @@ def checkpoint(tenant: Tenant, before: datetime) -> AuditCheckpoint | None:
             last_at=last.at,
             made_at=timezone.now(),
         )
+        mark.signature = keys.signer().sign(receipt_body.canonical(mark.body()))
+        mark.save(update_fields=["signature"])
         AuditPending.objects.create(
             tenant=tenant,
             kind=Kind.CHECKPOINT,

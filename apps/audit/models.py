@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import models
@@ -120,9 +120,9 @@ class AuditHead(models.Model):
 class AuditCheckpoint(models.Model):
     """Pruning removed positions up to `through_n`: their last link, count and times.
 
-    The chain goes on from `link`; the checkpoint itself is then chained as an entry
-    (kind checkpoint), so an edit of it breaks the chain after it. Not signed (no
-    signing key in toolhub when it was written): its proof is the chain around it.
+    The chain goes on from `link`; the checkpoint is signed with the receipts' key
+    (apps.receipts: a compact JWS of `body()`, checked against the published keys) and
+    itself chained as an entry, so an edit of it breaks the walk twice over.
     """
 
     # db_index=False: the (tenant, -through_n) index leads with it.
@@ -133,6 +133,7 @@ class AuditCheckpoint(models.Model):
     first_at = models.DateTimeField(null=True)
     last_at = models.DateTimeField(null=True)
     made_at = models.DateTimeField()
+    signature = models.TextField(blank=True, help_text="A compact JWS of body() (Ed25519).")
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "-through_n"])]
@@ -140,13 +141,24 @@ class AuditCheckpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant_id} through #{self.through_n}"
 
+    def body(self) -> dict[str, Any]:
+        """What the signature covers (`signedAt`: when, as receipts name it)."""
+        return {
+            "checkpoint": self.pk,
+            "tenant": self.tenant_id,
+            "throughN": self.through_n,
+            "link": self.link,
+            "entries": self.entries,
+            "firstAt": _instant(self.first_at),
+            "lastAt": _instant(self.last_at),
+            "signedAt": _instant(self.made_at),
+        }
+
     def digest(self) -> str:
-        body: list[Any] = [
-            self.pk,
-            self.tenant_id,
-            self.through_n,
-            self.link,
-            self.entries,
-            *(t.isoformat() if t else None for t in (self.first_at, self.last_at, self.made_at)),
-        ]
+        """What its chain entry holds: its body and its signature."""
+        body = [self.body(), self.signature]
         return hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+
+
+def _instant(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -75,9 +75,13 @@ def verify_tenant(tenant: Tenant, since: datetime | None = None) -> Walk:
     after, link, mark = anchor(tenant)
     walk = Walk(tenant=tenant)
     if mark is not None:
+        problem = signature_problem(mark)
+        if problem is not None:
+            walk.broken = Break(mark.through_n, f"checkpoint {mark.pk}: {problem}")
+            return walk
         walk.notes.append(
-            f"from checkpoint {mark.pk}: positions through #{mark.through_n} pruned "
-            f"({mark.entries} entries)"
+            f"from checkpoint {mark.pk} (signed, {_kid(mark)}): positions through "
+            f"#{mark.through_n} pruned ({mark.entries} entries)"
         )
     if since is not None:
         start = _first_since(tenant, after, since)
@@ -169,6 +173,34 @@ def _check_head(walk: Walk, link: str) -> None:
         walk.broken = Break(
             head.n, f"the head's link differs from #{head.n}'s: the head row was edited"
         )
+
+
+def signature_problem(mark: AuditCheckpoint) -> str | None:
+    """Why the checkpoint's signature does not vouch for it, or None: it must verify with a
+    published receipts key (the receipts' rules: Ed25519 only, a known kid, not past the
+    key's retirement) and cover exactly the checkpoint's fields."""
+    from apps.receipts import keys
+    from apps.receipts.verification import ReceiptInvalid
+    from apps.receipts.verification import verify as verify_jws
+
+    if not mark.signature:
+        return "not signed (an edited or forged checkpoint)"
+    try:
+        signed = verify_jws(mark.signature, keys.jwks())
+    except ReceiptInvalid as exc:
+        return f"its signature does not verify: {exc}"
+    if signed != mark.body():
+        differing = sorted(
+            k for k in {*signed, *mark.body()} if signed.get(k) != mark.body().get(k)
+        )
+        return f"its fields differ from what its signature covers ({', '.join(differing)})"
+    return None
+
+
+def _kid(mark: AuditCheckpoint) -> str:
+    from apps.receipts.verification import header_of
+
+    return f"kid {header_of(mark.signature).get('kid')}"
 
 
 def describe(entry: AuditEntry) -> str:
@@ -374,15 +406,18 @@ def record_status(record: Any) -> RecordStatus:
 
 
 def _advance(head: AuditHead, upto: int) -> None:
-    after, link, _ = anchor(head.tenant)
+    after, link, mark = anchor(head.tenant)
+    walk = Walk(tenant=head.tenant)
     if head.verified_n > after:
         marked = AuditEntry.objects.filter(tenant=head.tenant, n=head.verified_n).first()
         if marked is not None:
             after, link = marked.n, marked.link
+    elif mark is not None and (problem := signature_problem(mark)) is not None:
+        walk.broken = Break(mark.through_n, f"checkpoint {mark.pk}: {problem}")
     if upto - after > CONSOLE_LIMIT:
         return
-    walk = Walk(tenant=head.tenant)
-    _walk(walk, after, link, stop=upto)
+    if walk.broken is None:
+        _walk(walk, after, link, stop=upto)
     head.verified_n = max(head.verified_n, walk.last_n)
     head.verified_at = timezone.now()
     if walk.broken is not None:

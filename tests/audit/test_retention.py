@@ -4,9 +4,12 @@ what it removed and leaves a checkpoint, itself chained; what remains verifies f
 from __future__ import annotations
 
 import pytest
+from joserfc.jwk import OKPKey
 
 from apps.audit.models import AuditCheckpoint, AuditEntry, AuditHead, Kind
 from apps.invocations.models import InvocationRecord, RunEvent
+from apps.receipts import body, keys, verification
+from apps.receipts.keys import Signer
 from apps.retention import pruning
 from tests.audit.support import calls, verify_audit, written_days_ago
 from tests.retention.support import keep_for
@@ -37,7 +40,10 @@ def test_a_prune_in_the_middle_leaves_a_checkpoint_the_rest_verifies_from(caller
 
     code, out = verify_audit()
     assert code == 0, out
-    assert f"from checkpoint {mark.pk}: positions through #{mark.through_n} pruned" in out
+    kid = verification.header_of(mark.signature)["kid"]
+    assert (
+        f"from checkpoint {mark.pk} (signed, kid {kid}): positions through #{mark.through_n} pruned"
+    ) in out
     assert f"OK, {entries_before + 1 - old_entries} entries #{old_entries + 1}..#" in out
 
 
@@ -48,14 +54,32 @@ def test_a_tampered_checkpoint_breaks_the_chain(caller):
     keep_for(caller.tenant, 5)
     pruning.prune([caller.tenant])
     mark = AuditCheckpoint.objects.get(tenant=caller.tenant)
-    AuditCheckpoint.objects.filter(pk=mark.pk).update(entries=mark.entries + 100)
+    assert verification.header_of(mark.signature)["kid"] == keys.signer().kid
+    checkpoint = AuditCheckpoint.objects.filter(pk=mark.pk)
+    checkpoint.update(link="a" * 64)
     code, out = verify_audit()
     assert code == 1
-    assert f"checkpoint {mark.pk} (audit_auditcheckpoint) differs from its last entry" in out
-    AuditCheckpoint.objects.filter(pk=mark.pk).update(entries=mark.entries, link="a" * 64)
+    assert (
+        f"#{mark.through_n}: checkpoint {mark.pk}: its fields differ from what its signature "
+        "covers (link)"
+    ) in out
+
+    # Re-signed by a key toolhub never published: refused, and named.
+    forger = OKPKey.generate_key("Ed25519", parameters={"kid": "forger"})
+    forged = checkpoint.get()
+    checkpoint.update(signature=Signer("forger", forger).sign(body.canonical(forged.body())))
     code, out = verify_audit()
     assert code == 1
-    assert f"#{mark.through_n + 1}: the link of" in out
+    assert f"checkpoint {mark.pk}: its signature does not verify: Unknown kid 'forger'" in out
+
+    # The checkpoint as it was, its chained entry edited: that entry's link breaks.
+    checkpoint.update(link=mark.link, signature=mark.signature)
+    assert verify_audit()[0] == 0
+    chained = AuditEntry.objects.get(tenant=caller.tenant, kind=Kind.CHECKPOINT)
+    AuditEntry.objects.filter(pk=chained.pk).update(digest="0" * 64)
+    code, out = verify_audit()
+    assert code == 1
+    assert f"#{chained.n}: the link of checkpoint {mark.pk} (audit_auditcheckpoint)" in out
 
 
 def test_an_event_deleted_outside_retention_is_still_named_after_a_prune(caller):
