@@ -4,8 +4,9 @@ mozilla-django-oidc's SessionRefresh: every TOOLHUB_OIDC_RECHECK_SECONDS a page 
 of a provider-signed user goes to the provider with prompt=none; a provider whose session
 ended (signed out there, disabled there) answers login_required and the callback signs
 the user out here too. Their groups are read again on the way, so a removed group takes
-its role away then, not only at the next full sign-in. API, MCP and stream paths are left
-alone: a redirect means nothing to a script.
+its role away then, not only at the next full sign-in. API, MCP and stream paths, and a
+page's own fetches (Sec-Fetch-Mode other than navigate), are left alone: a redirect to the
+provider means nothing to a script.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ class ProviderSessionCheck(SessionRefresh):
         if attr == "OIDC_OP_AUTHORIZATION_ENDPOINT":
             return ""
         return SessionRefresh.get_settings(attr, *args)
+
+    def is_refreshable_url(self, request: HttpRequest) -> bool:
+        # Only page loads: a script's fetch (the console's polling) cannot follow a
+        # redirect to the provider; the next page load checks instead.
+        navigation = request.headers.get("Sec-Fetch-Mode", "navigate") == "navigate"
+        return navigation and bool(super().is_refreshable_url(request))
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         if not provider.enabled():
