@@ -254,6 +254,8 @@ CACHES = {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "toolhub-results",
+            # A Redis that does not answer is a miss within a second, not a stuck call.
+            "OPTIONS": {"socket_timeout": 1, "socket_connect_timeout": 1},
         }
         if REDIS_URL
         else {
