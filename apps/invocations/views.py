@@ -18,6 +18,7 @@ from apps.tenants.callers import Caller, NoTenant
 from apps.tenants.models import Tenant
 from apps.tenants.scoping import staff_tenants
 from apps.tools.permissions import executable_tools
+from apps.tools.schema import example_arguments
 
 
 @staff_member_required
@@ -40,11 +41,17 @@ def demo_chat(request: HttpRequest) -> HttpResponse:
             "streams/demo_chat_tenants.html",
             {"run_id": run_id, "tenants": tenants, "problem": str(exc) if chosen else ""},
         )
-    tools = executable_tools(request.user).values_list("pk", flat=True)  # type: ignore[arg-type]
+    tools = executable_tools(request.user).values_list("pk", "input_schema")  # type: ignore[arg-type]
+    templates = {tool_id: example_arguments(schema) or {} for tool_id, schema in tools}
     return render(
         request,
         "streams/demo_chat.html",
-        {"run_id": run_id, "tools": list(tools), "tenant": caller.tenant},
+        {
+            "run_id": run_id,
+            "tools": list(templates),
+            "templates": templates,
+            "tenant": caller.tenant,
+        },
     )
 
 

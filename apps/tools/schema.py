@@ -221,3 +221,37 @@ def _refuse_reserved(names: dict[str, Any] | list[Any], where: str) -> None:
 def schema_hash(schema: dict[str, Any]) -> str:
     canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def example_arguments(schema: dict[str, Any], depth: int = 0) -> Any:
+    """A template of arguments a person fills in: the schema's required properties (all of
+    them when it requires none), each with its default, first example or enum value, or
+    an empty value of its type. For forms (the demo chat), never for validation."""
+    if not isinstance(schema, dict) or depth > 6:
+        return None
+    for key in ("default", "const"):
+        if key in schema:
+            return schema[key]
+    if schema.get("examples"):
+        return schema["examples"][0]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            options = [o for o in schema[key] if isinstance(o, dict) and o.get("type") != "null"]
+            return example_arguments(options[0] if options else {}, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        wanted = schema.get("required") or list(properties)
+        return {
+            name: example_arguments(properties.get(name, {}), depth + 1)
+            for name in wanted
+            if name in properties
+        }
+    if kind == "array":
+        item = example_arguments(schema.get("items") or {}, depth + 1)
+        return [] if item is None else [item]
+    return {"string": "", "integer": 0, "number": 0, "boolean": False}.get(str(kind))

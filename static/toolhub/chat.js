@@ -22,6 +22,7 @@
       node = el("li", "call");
       node.appendChild(el("div", "call-head", event.toolId));
       node.appendChild(el("div", "call-status muted", "…"));
+      node.appendChild(el("ol", "call-events"));
       node.appendChild(el("pre", "call-body"));
       cards[event.toolCallId] = node;
       timeline.appendChild(node);
@@ -29,22 +30,46 @@
     return node;
   }
 
+  function at(event) {
+    var when = event.at ? new Date(event.at) : new Date();
+    return isNaN(when) ? "" : when.toLocaleTimeString();
+  }
+
+  // What each event says, one line per event (who decided and why stay visible).
+  function describe(event) {
+    if (event.type === "approval_required") {
+      return "waiting for a human (" + event.effect + ", " + event.consequenceLevel + ")" +
+        (event.reason ? ": " + event.reason : "");
+    }
+    if (event.type === "approval_decided") {
+      var word = { approve: "approved", reject: "rejected", expire: "expired", cancel: "cancelled" }[event.decision] || event.decision;
+      return word + (event.decidedBy ? " by " + event.decidedBy : "") +
+        (event.argsEdited ? " with edited arguments" : "") + (event.reason ? " — " + event.reason : "");
+    }
+    if (event.type === "tool_call_start") return "running";
+    if (event.type === "tool_call_progress") return "progress" + (event.message ? ": " + event.message : "");
+    if (event.type === "tool_call_result") {
+      return event.ok ? "done in " + event.durationMs + " ms" : "failed — " + event.errorCode + ": " + event.safeMessage;
+    }
+    return event.type;
+  }
+
   function render(event) {
     var node = card(event);
     var status = node.querySelector(".call-status");
     var body = node.querySelector(".call-body");
+    var line = el("li", "call-event " + event.type);
+    line.appendChild(el("time", "muted", at(event)));
+    line.appendChild(document.createTextNode(" " + describe(event)));
+    node.querySelector(".call-events").appendChild(line);
     node.dataset.lastType = event.type;
+    status.textContent = describe(event);
     if (event.type === "approval_required") {
-      status.textContent = "waiting for a human (" + event.effect + ", " + event.consequenceLevel + ")";
       body.textContent = JSON.stringify(event.args, null, 2);
-    } else if (event.type === "approval_decided") {
-      status.textContent = "decision: " + event.decision + (event.reason ? " — " + event.reason : "");
     } else if (event.type === "tool_call_start") {
-      status.textContent = "running";
       if (event.args) body.textContent = JSON.stringify(event.args, null, 2);
     } else if (event.type === "tool_call_result") {
       node.classList.add(event.ok ? "ok" : "failed");
-      status.textContent = event.ok ? "done in " + event.durationMs + " ms" : event.errorCode + ": " + event.safeMessage;
       if (event.ok) body.textContent = JSON.stringify(event.result, null, 2);
     }
   }
@@ -75,11 +100,42 @@
     return match ? decodeURIComponent(match[2]) : "";
   }
 
-  document.getElementById("call-form").addEventListener("submit", function (submit) {
+  function refuse(text) {
+    callError.textContent = text;
+    callError.hidden = false;
+  }
+
+  // Picking a tool fills in its arguments' template (from its schema), unless the
+  // arguments were typed by hand since the last template.
+  var form = document.getElementById("call-form");
+  var templates = JSON.parse(document.getElementById("arg-templates").textContent);
+  var lastTemplate = null;
+  function fillTemplate() {
+    var template = JSON.stringify(templates[form.toolId.value] || {}, null, 2);
+    if (lastTemplate === null || form.args.value.trim() === "{}" || form.args.value === lastTemplate) {
+      form.args.value = template;
+      lastTemplate = template;
+    }
+  }
+  form.toolId.addEventListener("change", fillTemplate);
+  fillTemplate();
+
+  form.addEventListener("submit", function (submit) {
     submit.preventDefault();
-    var form = submit.target;
     var args;
-    try { args = JSON.parse(form.args.value || "{}"); } catch (e) { alert("Arguments are not valid JSON"); return; }
+    try {
+      args = JSON.parse(form.args.value || "{}");
+    } catch (e) {
+      form.args.setAttribute("aria-invalid", "true");
+      refuse("The arguments are not valid JSON (" + e.message + "); nothing was sent.");
+      return;
+    }
+    if (args === null || typeof args !== "object" || Array.isArray(args)) {
+      form.args.setAttribute("aria-invalid", "true");
+      refuse("The arguments must be a JSON object, e.g. {\"text\": \"hi\"}; nothing was sent.");
+      return;
+    }
+    form.args.removeAttribute("aria-invalid");
     fetch("/api/v1/invocations/", {
       method: "POST",
       credentials: "same-origin",
@@ -93,8 +149,7 @@
       // The stream shows calls that ran; a refused request (403, 400...) is said here.
       if (response.ok) { callError.hidden = true; return; }
       return response.json().catch(function () { return {}; }).then(function (body) {
-        callError.textContent = "Call refused (" + response.status + "): " + (body.detail || response.statusText);
-        callError.hidden = false;
+        refuse("Call refused (" + response.status + "): " + (body.detail || body.safeMessage || response.statusText));
       });
     });
   });

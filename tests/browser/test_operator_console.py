@@ -388,3 +388,54 @@ def test_the_overview_draws_counts_to_scale_and_only_real_tools(
     assert "test__echo" in latency_tools
     assert "no__such_tool" not in latency_tools  # an unknown id is no tool
     assert denied_axis_max >= 5  # one denial is a short bar, not the whole width
+
+
+def test_the_demo_chat_fills_templates_says_what_is_wrong_and_shows_every_event(
+    test_tools, make_operator, new_context
+):
+    from guardian.shortcuts import assign_perm
+
+    from apps.approvals import decisions
+    from apps.approvals.models import ApprovalRequest
+    from apps.tools.models import Tool
+
+    agent = make_agent("acme")
+    allow(agent.tenant, "test__echo", "test__confirm")
+    opal = make_operator(agent.tenant, "opal")
+    rita = make_operator(agent.tenant, "rita", "test__confirm")
+    for tool in Tool.objects.filter(pk__in=["test__echo", "test__confirm"]):
+        assign_perm("tools.execute_tool", opal, tool)
+    dialogs: list[str] = []
+    with daphne(SERVER_ENV) as base:
+        page = operator_page(new_context, base)
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        log_in(page, "opal", "/demo/chat/?run=run-chat")
+        expect(page.locator("#live-state")).to_have_text("live", timeout=TIMEOUT_MS)
+
+        page.select_option("select[name=toolId]", "test__echo")
+        assert json.loads(page.input_value("textarea[name=args]")) == {"text": ""}
+        page.fill("textarea[name=args]", '{"text": "hi"')  # not valid JSON
+        page.click("#call-form button")
+        expect(page.locator("#call-error")).to_contain_text("not valid JSON")
+        assert dialogs == []  # said on the page, not in a browser alert
+        assert page.get_attribute("textarea[name=args]", "aria-invalid") == "true"
+
+        page.select_option("select[name=toolId]", "test__confirm")
+        assert page.input_value("textarea[name=args]") == '{"text": "hi"'  # typed by hand: kept
+        page.fill("textarea[name=args]", "{}")
+        page.click("#call-form button")
+        card = page.locator("li.call").last
+        expect(card.locator(".call-events")).to_contain_text(
+            "waiting for a human", timeout=TIMEOUT_MS
+        )
+
+        approval = ApprovalRequest.objects.get(run_id="run-chat")
+        decisions.decide(approval.pk, rita, "approve", "looks fine")
+
+        events = card.locator(".call-events li")
+        expect(events.last).to_contain_text("done in", timeout=TIMEOUT_MS)
+        texts = events.all_inner_texts()
+        screenshot(page, "demo-chat")
+    assert any("approved by rita — looks fine" in text for text in texts), texts
+    order = ["waiting for a human", "approved by rita", "running", "done in"]
+    assert [next(i for i, t in enumerate(texts) if step in t) for step in order] == [0, 1, 2, 3]
