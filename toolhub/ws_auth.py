@@ -42,6 +42,10 @@ class ApiKeyOrTicketMiddleware(BaseMiddleware):
 def _key(scope: dict[str, Any], raw: str) -> ApiKey | None:
     """An API key, or the key an OAuth access token acts through (apps.oauth); a refused
     credential is None, which the stream closes with 4403."""
+    if not allowed_host(scope):
+        # The resource (the audience a token must name) follows the Host: a name that is
+        # not this server's would let a token for another resource in.
+        return None
     host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
     try:
         return key_for_credential(raw, resource_for(scope.get("scheme", "ws"), host))
