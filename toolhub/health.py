@@ -2,8 +2,8 @@
 
 /readyz is an async view: it runs on the server's event loop, never waits for the
 one thread Daphne gives sync views, and bounds every probe. A probe that does not
-answer in PROBE_TIMEOUT_S counts as down, so the answer comes within a second
-whatever else the process is doing.
+answer in PROBE_TIMEOUT_S counts as down. The answer itself is not bounded: it waits
+for the event loop, so a busy process answers later (docs/deployment.md#health-checks).
 """
 
 from __future__ import annotations
