@@ -25,6 +25,7 @@ from apps.invocations import events, runner
 from apps.invocations.models import ErrorCode, Status
 from apps.invocations.requests import MAX_ARGS_BYTES
 from apps.policies.policy import Evaluator
+from apps.receipts import signing as receipts
 from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.permissions import can_decide
@@ -211,6 +212,7 @@ def _close(
     approval.decision_reason = reason[:1000]
     approval.save()
     who = decided_by or (user.get_username() if user else None)
+    receipts.sign_decision(approval, who)  # issue 48: who voted what, signed
     events.emit(
         approval.tenant,
         approval.run_id,

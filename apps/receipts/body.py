@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from apps.receipts.keys import instant
 
 if TYPE_CHECKING:
-    from apps.approvals.models import ApprovalRequest
+    from apps.approvals.models import ApprovalRequest, Vote
     from apps.invocations.models import InvocationRecord
 
 VERSION = 1
@@ -98,3 +98,44 @@ def _approval(approval: ApprovalRequest) -> dict[str, Any]:
 
 def _maybe(value: datetime | None) -> str | None:
     return instant(value) if value is not None else None
+
+
+def decision_body(
+    approval: ApprovalRequest, votes: list[Vote], decided_by: str | None, signed_at: datetime
+) -> dict[str, Any]:
+    """The body of a held call's decision receipt: the arguments it binds (and those first
+    requested, if edited), every vote with its operator, and the outcome of the decision."""
+    args: dict[str, Any] = {"sha256": digest(approval.args), "boundHash": approval.bound_hash}
+    if approval.original_args != approval.args:
+        args["requestedSha256"] = digest(approval.original_args)
+    return {
+        "v": VERSION,
+        "kind": "decision",
+        "approvalId": str(approval.pk),
+        "invocationId": str(approval.invocation_id),
+        "toolCallId": approval.tool_call_id,
+        "runId": approval.run_id,
+        "tenant": approval.tenant.slug,
+        "principal": approval.principal,
+        "tool": {"id": approval.tool_id},
+        "args": args,
+        "connectionId": approval.connection_id or None,
+        "rule": approval.policy_rule or None,
+        "holdReason": approval.hold_reason,
+        "approvalsRequired": approval.approvals_required,
+        "fourEyes": approval.four_eyes,
+        "votes": [
+            {
+                "user": vote.user.get_username(),
+                "userId": vote.user_id,
+                "vote": vote.decision,
+                "boundHash": vote.bound_hash,
+                "at": instant(vote.created_at),
+            }
+            for vote in votes
+        ],
+        "decision": approval.status,
+        "decidedBy": decided_by,
+        "decidedAt": _maybe(approval.decided_at),
+        "signedAt": instant(signed_at),
+    }

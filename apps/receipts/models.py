@@ -29,3 +29,18 @@ class SigningKey(models.Model):
 
     def __str__(self) -> str:
         return self.kid
+
+
+class DecisionReceipt(models.Model):
+    """The signed receipt of a held call's decision (approved, edited, rejected, expired,
+    cancelled), made in the decision's transaction: who voted what, on which arguments.
+    An approved call cancelled before it ran has two."""
+
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest", on_delete=models.CASCADE, related_name="decision_receipts"
+    )
+    receipt = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"decision receipt of {self.approval_id}"

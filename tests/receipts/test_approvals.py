@@ -12,6 +12,8 @@ from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest
 from apps.invocations.models import InvocationRecord
 from apps.receipts.body import digest
+from apps.receipts.models import DecisionReceipt
+from apps.tools.models import Tool
 from tests.approvals.support import drain_queue, make_operator, require_approval
 from tests.conftest import Agent
 from tests.receipts.support import published_keys
@@ -60,6 +62,16 @@ def test_an_edited_approved_call_names_both_argument_digests_and_its_approver(ca
     }
     assert body["approval"]["decidedAt"] <= body["startedAt"]
 
+    fetched = caller.client.get(f"/api/v1/invocations/{approval.invocation_id}/receipt/").json()
+    [decided] = [verify_receipt(jws, published_keys()) for jws in fetched["decisions"]]
+    assert decided["kind"] == "decision"
+    assert decided["decision"] == "approved"
+    assert decided["decidedBy"] == "oscar"
+    assert decided["args"]["sha256"] == body["args"]["sha256"]
+    assert decided["args"]["requestedSha256"] == body["args"]["requestedSha256"]
+    assert [(v["user"], v["vote"]) for v in decided["votes"]] == [("oscar", "approve")]
+    assert decided["votes"][0]["boundHash"] == approval.bound_hash
+
 
 def test_a_rejected_call_has_a_receipt_naming_the_rejection(caller: Agent):
     require_approval(caller.tenant, ECHO)
@@ -73,3 +85,30 @@ def test_a_rejected_call_has_a_receipt_naming_the_rejection(caller: Agent):
     assert body["args"] == {"sha256": digest({"text": "drop table", "secret_note": ""})}
     assert body["approval"]["status"] == "rejected"
     assert body["approval"]["decidedBy"] == operator.pk
+    [decided] = DecisionReceipt.objects.filter(approval=approval)
+    signed = verify_receipt(decided.receipt, published_keys())
+    assert (signed["decision"], signed["decidedBy"]) == ("rejected", "oscar")
+    assert [(v["user"], v["vote"]) for v in signed["votes"]] == [("oscar", "reject")]
+
+
+def test_a_quorum_decision_receipt_names_every_approver(caller: Agent):
+    policy = require_approval(caller.tenant, ECHO)
+    policy.high_consequence_quorum = 2
+    policy.save()
+    Tool.objects.filter(pk=ECHO).update(consequence_level="high")
+    first = make_operator("oscar", caller.tenant, tools=(ECHO,))
+    second = make_operator("petra", caller.tenant, tools=(ECHO,))
+    approval = held(caller, "deploy")
+    assert approval.approvals_required == 2
+
+    decisions.decide(approval.pk, first, "approve")
+    assert not DecisionReceipt.objects.filter(approval=approval).exists()  # not decided
+    decisions.decide(approval.pk, second, "approve")
+
+    [decided] = DecisionReceipt.objects.filter(approval=approval)
+    signed = verify_receipt(decided.receipt, published_keys())
+    assert signed["approvalsRequired"] == 2
+    assert [(v["user"], v["vote"]) for v in signed["votes"]] == [
+        ("oscar", "approve"),
+        ("petra", "approve"),
+    ]

@@ -67,6 +67,7 @@ def test_a_receipt_is_fetched_by_invocation_id_only_within_the_tenant(
         "invocationId": record["invocationId"],
         "kid": header["kid"],
         "receipt": record["receipt"],
+        "decisions": [],
     }
     assert header["alg"] == "Ed25519" and header["typ"] == "toolhub-receipt"
     assert theirs.status_code == 404

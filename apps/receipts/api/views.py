@@ -8,6 +8,7 @@ from rest_framework.response import Response
 
 from apps.invocations.api.views import PRUNED, pruned
 from apps.invocations.models import InvocationRecord
+from apps.receipts.models import DecisionReceipt
 from apps.receipts.verification import header_of
 from toolhub.api import CallerView
 
@@ -16,6 +17,11 @@ class ReceiptSerializer(serializers.Serializer[dict[str, object]]):
     invocationId = serializers.UUIDField()
     kid = serializers.CharField(help_text="The key that signed it: one of /.well-known/jwks.json")
     receipt = serializers.CharField(help_text="Compact JWS (Ed25519) over the receipt's body")
+    decisions = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="A held call's decision receipts (compact JWS each), oldest first: who "
+        "voted what on which arguments; empty for a call that was never held",
+    )
 
 
 class InvocationReceiptView(CallerView):
@@ -47,4 +53,12 @@ class InvocationReceiptView(CallerView):
                 status=status.HTTP_409_CONFLICT,
             )
         kid = header_of(record.receipt).get("kid")
-        return Response({"invocationId": str(record.pk), "kid": kid, "receipt": record.receipt})
+        decisions = DecisionReceipt.objects.filter(approval__invocation=record).order_by("pk")
+        return Response(
+            {
+                "invocationId": str(record.pk),
+                "kid": kid,
+                "receipt": record.receipt,
+                "decisions": list(decisions.values_list("receipt", flat=True)),
+            }
+        )
