@@ -170,3 +170,30 @@ STREAM_TICKET = [
         status_codes=["201"],
     ),
 ]
+
+RUN_START = [
+    OpenApiExample(
+        "Two tools",
+        value={"runId": RUN_ID, "tools": ["core__get_current_time", "core__planning_read_plan"]},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "Started",
+        value={
+            "runId": RUN_ID,
+            "tools": ["core__get_current_time", "core__planning_read_plan"],
+            "startedBy": "agent:support-bot",
+        },
+        response_only=True,
+        status_codes=["201"],
+    ),
+    OpenApiExample(
+        "Another allowlist",
+        value={
+            "detail": "The run run-support-42 was started with another allowlist (it does not "
+            "list core__send_email); a run's allowlist is fixed once set: start a new run."
+        },
+        response_only=True,
+        status_codes=["409"],
+    ),
+]

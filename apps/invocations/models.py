@@ -281,11 +281,29 @@ class Run(models.Model):
     run_id = models.CharField(max_length=128)
     last_seq = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Per-run narrowing (apps/invocations/runs.py): the tool ids this run may call, set
+    # when the run is started and fixed from then on; NULL: not narrowed. The event
+    # allocation's raw INSERT leaves both columns out, so both take the database's NULL/"".
+    tool_allowlist = models.JSONField(
+        null=True, blank=True, help_text="The only tools this run may call (null: not narrowed)."
+    )
+    started_by = models.CharField(
+        max_length=160, blank=True, db_default="", help_text="Who set the allowlist."
+    )
 
     objects = RunQuerySet.as_manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "run_id"], name="unique_run")]
+        indexes = [
+            # Whether a tenant has narrowed runs at all (runs.py): its runs without an
+            # allowlist, nearly all of them, are not read.
+            models.Index(
+                fields=["tenant"],
+                condition=models.Q(tool_allowlist__isnull=False),
+                name="narrowed_runs_idx",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.run_id

@@ -6,7 +6,8 @@ that will never run (rejected, expired, cancelled) ends through `end_held`.
 It reads as the numbered pipeline of DESIGN.md, one small step per function:
 
   1 lookup_tool          unavailable
-  2 check_policy         policy_denied, rate_limited
+  2 check_run            policy_denied (outside the run's allowlist: runs.py)
+    check_policy         policy_denied, rate_limited
   3 check_permission     authz_denied
   4 check_connection     policy_denied, authz_denied
   5 validate_args        invalid_json, validation
@@ -60,7 +61,15 @@ from apps.approvals.models import ApprovalRequest
 from apps.connections import broker, grants
 from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
-from apps.invocations import combined, events, ratelimit, result_cache, signals, statements
+from apps.invocations import (
+    combined,
+    events,
+    ratelimit,
+    result_cache,
+    runs,
+    signals,
+    statements,
+)
 from apps.invocations.capabilities import bind
 from apps.invocations.hooks import HookCall, Stage
 from apps.invocations.hooks import pipeline as hook_pipeline
@@ -224,6 +233,7 @@ def check_call(call: Call, known_epoch: int | None = None) -> int:
             call.signer = receipt_keys.signer()
         lookup_tool(call)
         run_hooks(call, Stage.BEFORE_AUTHORIZATION)  # may only refuse, or change the args
+        check_run(call)
         check_policy(call)
         check_permission(call)
         check_connection(call)
@@ -284,6 +294,7 @@ def _simulated_checks() -> list[tuple[str, Any, tuple[str, ...]]]:
     """Each check a dry run makes (check_call's), and the checks it needs passed first."""
     return [
         ("lookup_tool", lookup_tool, ()),
+        ("check_run", check_run, ("lookup_tool",)),
         ("check_policy", check_policy, ("lookup_tool",)),
         ("check_permission", check_permission, ("lookup_tool",)),
         ("check_connection", check_connection, ("lookup_tool",)),
@@ -342,6 +353,10 @@ def _passed(name: str, call: Call) -> str:
         assert call.decision is not None
         when = "with these arguments" if name == "apply_rules" else "before its rules"
         return f"{call.decision.reason} ({call.decision.rule}, {when})"
+    if name == "check_run":
+        if not call.request.run_id:
+            return "No run named: no run allowlist applies."
+        return f"The run {call.run_id} may call {call.tool.id}."
     if name == "check_permission":
         return f"{call.caller.principal} holds execute_tool on {call.tool.id}."
     if name == "check_connection":
@@ -1048,6 +1063,18 @@ def lookup_tool(call: Call) -> None:
     call.tool, call.registered = tool, registered
     if not tool.enabled:
         raise Refusal(ErrorCode.UNAVAILABLE, f"The tool {tool.id} is disabled.")
+
+
+def check_run(call: Call) -> None:
+    """2. A run started with an allowlist calls only those tools (per-run narrowing).
+
+    A run id minted for this call (none was sent) was started by nobody: not narrowed."""
+    assert call.tool is not None
+    if not call.request.run_id:
+        return
+    allowed = runs.allowlist(call.caller.tenant, call.run_id)
+    if allowed is not None and call.tool.id not in allowed:
+        raise Refusal(ErrorCode.POLICY_DENIED, runs.refusal(call.run_id, allowed, call.tool.id))
 
 
 def check_policy(call: Call) -> None:

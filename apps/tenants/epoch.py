@@ -172,12 +172,16 @@ class EpochCache:
         self._epoch: int | None = None
         self._entries: dict[Any, Any] = {}
 
-    def get(self, key: Any, load: Callable[[], T]) -> T:
+    def get(self, key: Any, load: Callable[[], T], keep: Callable[[T], bool] | None = None) -> T:
+        """The answer cached for `key`, else `load()`'s, kept unless `keep` says it may
+        still change without an edit (a run's allowlist before the run starts)."""
         epoch = current()  # before loading: see the module docstring
         with self._lock:
             if self._epoch == epoch and key in self._entries:
                 return self._entries[key]
         value = load()
+        if keep is not None and not keep(value):
+            return value
         with self._lock:
             if self._epoch != epoch:
                 self._epoch, self._entries = epoch, {}

@@ -32,18 +32,38 @@ FORMATS: dict[str, Callable[[Tool], dict[str, Any]] | None] = {
 _BODIES = EpochCache("catalog bodies")
 
 
-def catalog_body(tenant: Tenant, principal: str, user: User, wire_format: str) -> bytes:
-    """The JSON body of GET /api/v1/tools/ (DRF's JSONRenderer's encoding: UTF-8, compact)."""
-    key = (tenant.pk, principal, user.pk, user.is_active, user.is_superuser, wire_format)
-    return _BODIES.get(key, lambda: _encode(tenant, principal, user, wire_format))
+def catalog_body(
+    tenant: Tenant,
+    principal: str,
+    user: User,
+    wire_format: str,
+    run: tuple[str, frozenset[str]] | None = None,
+) -> bytes:
+    """The JSON body of GET /api/v1/tools/ (DRF's JSONRenderer's encoding: UTF-8, compact);
+    for a `run` started with an allowlist (its id and tools), only the tools on it."""
+    key = (tenant.pk, principal, user.pk, user.is_active, user.is_superuser, wire_format, run)
+    return _BODIES.get(key, lambda: _encode(tenant, principal, user, wire_format, run))
 
 
-def _encode(tenant: Tenant, principal: str, user: User, wire_format: str) -> bytes:
+def _encode(
+    tenant: Tenant,
+    principal: str,
+    user: User,
+    wire_format: str,
+    run: tuple[str, frozenset[str]] | None,
+) -> bytes:
     allowed = catalog(tenant, principal, user)
+    if run is not None:
+        allowed = [(tool, d) for tool, d in allowed if tool.pk in run[1]]
     encode = FORMATS[wire_format]
     tools = [encode(tool) if encode else tool_spec(tool, d) for tool, d in allowed]
     body: dict[str, object] = {"tools": tools}
-    if not tools:
+    if not tools and run is not None:
+        body["notice"] = (
+            f"No tool on the allowlist of run {run[0]} is available to {principal} now: "
+            "each was disabled or is no longer allowed by a policy."
+        )
+    elif not tools:
         # Never a silent empty list: say why, so nobody runs a model tool-less by accident.
         body["notice"] = (
             f"No tool is available to {principal} in tenant {tenant.slug}: "

@@ -347,6 +347,21 @@ def test_stream_tickets_answer_201_as_documented(document, caller):
         check(document, response, "POST", path)
 
 
+def test_starting_runs_answers_as_documented(document, caller):
+    path = "/api/v1/runs/"
+
+    def start(tools: list[str]) -> Any:
+        return caller.client.post(path, {"runId": "run-n", "tools": tools}, format="json")
+
+    created, again, other, outside = start([ECHO]), start([ECHO]), start([CONFIRM]), start(["x"])
+    anonymous = APIClient().post(path, {"tools": [ECHO]}, format="json")
+
+    statuses = [r.status_code for r in (created, again, other, outside, anonymous)]
+    assert statuses == [201, 200, 409, 400, 401]
+    for response in (created, again, other, outside, anonymous):
+        check(document, response, "POST", path)
+
+
 def test_wire_batches_answer_as_documented(document, caller):
     openai = caller.client.post(
         "/api/v1/wire/openai/tool-calls/",

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.invocations.api import simulations, streams, views, wire_views
+from apps.invocations.api import runs, simulations, streams, views, wire_views
 
 urlpatterns = [
     path("invocations/", views.InvocationListView.as_view(), name="invocation-list"),
@@ -14,6 +14,7 @@ urlpatterns = [
         views.InvocationCancelView.as_view(),
         name="invocation-cancel",
     ),
+    path("runs/", runs.RunListView.as_view(), name="run-list"),
     path("simulations/", simulations.SimulationView.as_view(), name="simulation"),
     path("stream-tickets/", streams.StreamTicketView.as_view(), name="stream-ticket"),
     path(

@@ -16,12 +16,13 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import ValidationError
 
-from apps.invocations import cancellation, runner
+from apps.invocations import cancellation, runner, runs
 from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
+from apps.invocations.streams import is_run_id
 from apps.mcp.server import tools, tracing
-from apps.mcp.server.sessions import Session
+from apps.mcp.server.sessions import Session, new_run_id
 from apps.policies.policy import catalog
 from apps.tenants.callers import Caller
 from apps.tools import sources
@@ -46,6 +47,10 @@ TASKS_VERSION = "2025-11-25"
 TASK_POLL_MS = 1000
 FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
+# Per-run narrowing (session_run): lower case, as the transport reads header names.
+RUN_HEADER = "toolhub-run-id"
+TOOLS_HEADER = "toolhub-run-tools"
+
 INSTRUCTIONS = (
     "toolhub runs every call through its policies. A call that needs a human decision "
     "answers at once with its approvalId and invocationId; its outcome arrives later on "
@@ -61,12 +66,15 @@ class RpcError(Exception):
         self.data = data
 
 
-def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any], Session]:
+def initialize(
+    api_key_id: int, params: dict[str, Any], run_id: str | None = None
+) -> tuple[dict[str, Any], Session]:
+    """`run_id`: the run the session's calls join (session_run), else a new one."""
     asked = params.get("protocolVersion")
     if not isinstance(asked, str):
         raise RpcError(INVALID_PARAMS, "initialize needs params.protocolVersion (a string).")
     version = asked if asked in PROTOCOL_VERSIONS else LATEST
-    session = Session.start(api_key_id, version)
+    session = Session.start(api_key_id, version, run_id)
     capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
     if version == TASKS_VERSION:
         capabilities["tasks"] = {"cancel": {}, "requests": {"tools": {"call": {}}}}
@@ -77,6 +85,28 @@ def initialize(api_key_id: int, params: dict[str, Any]) -> tuple[dict[str, Any],
         "instructions": INSTRUCTIONS,
     }
     return result, session
+
+
+def session_run(caller: Caller, headers: dict[str, str]) -> str | None:
+    """The run named or started by a client's headers (per-run narrowing over MCP).
+
+    MCP clients send configured HTTP headers with every request, but their `initialize`
+    carries no extra params: so the run comes from `Toolhub-Run-Id` (a run, perhaps started
+    by POST /api/v1/runs/ with an allowlist), and `Toolhub-Run-Tools` (tool ids separated
+    by commas) starts it with that allowlist, as POST /api/v1/runs/ does, its errors an
+    invalid-params error. None: neither header (the session's own new run)."""
+    run_id = headers.get(RUN_HEADER)
+    if run_id is not None and not is_run_id(run_id):
+        raise RpcError(INVALID_PARAMS, "Toolhub-Run-Id: 1-128 characters of A-Z a-z 0-9 . _ : -")
+    tools = headers.get(TOOLS_HEADER)
+    if tools is None:
+        return run_id
+    run_id = run_id or new_run_id()
+    try:
+        runs.start(caller, run_id, [t.strip() for t in tools.split(",") if t.strip()])
+    except runs.RunError as exc:
+        raise RpcError(INVALID_PARAMS, f"Toolhub-Run-Tools: {exc.message}") from None
+    return run_id
 
 
 def answer(
@@ -111,6 +141,10 @@ def list_tools(caller: Caller, session: Session, params: dict[str, Any]) -> dict
     if cursor is not None and not isinstance(cursor, str):
         raise RpcError(INVALID_PARAMS, "cursor must be a string from an earlier tools/list.")
     allowed = catalog(caller.tenant, caller.principal, caller.user)
+    run_id = _named_run(params) or session.run_id
+    narrowed = runs.allowlist(caller.tenant, run_id)
+    if narrowed is not None:
+        allowed = [(tool, decision) for tool, decision in allowed if tool.pk in narrowed]
     try:
         listed, next_cursor = tools.page(allowed, cursor, settings.TOOLHUB_MCP_PAGE_SIZE)
         if session.protocol_version == TASKS_VERSION:
@@ -122,6 +156,19 @@ def list_tools(caller: Caller, session: Session, params: dict[str, Any]) -> dict
     if next_cursor is not None:
         result["nextCursor"] = next_cursor
     return result
+
+
+def _named_run(params: dict[str, Any]) -> str | None:
+    """`params._meta.runId`: the run a request names instead of its session's."""
+    meta = params.get("_meta") or {}
+    run_id = meta.get("runId") if isinstance(meta, dict) else None
+    if run_id is None:
+        return None
+    if not isinstance(run_id, str) or not is_run_id(run_id):
+        raise RpcError(
+            INVALID_PARAMS, "params._meta.runId: 1-128 characters of A-Z a-z 0-9 . _ : -"
+        )
+    return run_id
 
 
 def call_tool(

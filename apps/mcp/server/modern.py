@@ -142,9 +142,16 @@ def answer(
     method: str,
     params: dict[str, Any],
     traceparent: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The result of one 2026-07-28 request (without resultType and _meta), or RpcError."""
-    session = Session.start(caller_key(caller), VERSION)  # a run of its own unless named
+    """The result of one 2026-07-28 request (without resultType and _meta), or RpcError.
+
+    A run of its own unless named: by `_meta.runId`, or by the narrowing headers
+    (`Toolhub-Run-Id`, `Toolhub-Run-Tools`: methods.session_run), read per request."""
+    run_id = None
+    if headers and method in ("tools/list", "tools/call"):
+        run_id = methods.session_run(caller, headers)
+    session = Session.start(caller_key(caller), VERSION, run_id)
     if method == "server/discover":
         return discover()
     if method == "tools/list":

@@ -22,6 +22,10 @@ from django.core import signing
 SALT = "toolhub.mcp.session"
 
 
+def new_run_id() -> str:
+    return f"run_mcp_{uuid.uuid4().hex}"
+
+
 @dataclass(frozen=True)
 class Session:
     api_key_id: int
@@ -29,9 +33,10 @@ class Session:
     protocol_version: str
 
     @classmethod
-    def start(cls, api_key_id: int, protocol_version: str) -> Session:
-        """A new session, with the run its calls join unless a call names another."""
-        return cls(api_key_id, f"run_mcp_{uuid.uuid4().hex}", protocol_version)
+    def start(cls, api_key_id: int, protocol_version: str, run_id: str | None = None) -> Session:
+        """A new session, with the run its calls join unless a call names another: the
+        one its client named (Toolhub-Run-Id, methods.session_run), else a new one."""
+        return cls(api_key_id, run_id or new_run_id(), protocol_version)
 
     @property
     def id(self) -> str:

@@ -168,7 +168,9 @@ class McpEndpoint:
             if not isinstance(params, dict):
                 return _error(request_id, methods.INVALID_PARAMS, "params must be an object.")
             try:
-                result, started = methods.initialize(key.pk, params)
+                named = _run_headers(scope)  # per-run narrowing: reads the database
+                run_id = await _session_run(key, named) if named else None
+                result, started = methods.initialize(key.pk, params, run_id)
             except RpcError as exc:
                 return _error(request_id, exc.code, exc.message)
             reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
@@ -514,6 +516,20 @@ def _key_for(scope: Scope) -> ApiKey | Reply:
         return _refusal(refusal.status, message, challenge_header)
 
 
+def _run_headers(scope: Scope) -> dict[str, str]:
+    """The per-run narrowing headers a request carries (methods.session_run)."""
+    wanted = (methods.RUN_HEADER.encode(), methods.TOOLS_HEADER.encode())
+    return {
+        name.lower().decode(): value.decode("latin-1").strip()
+        for name, value in scope.get("headers", [])
+        if name.lower() in wanted
+    }
+
+
+def _start_session_run(key: ApiKey, headers: dict[str, str]) -> str | None:
+    return methods.session_run(Caller.for_api_key(key), headers)
+
+
 def _run(
     key: ApiKey, session: Session, method: str, params: dict[str, Any], traceparent: str | None
 ) -> Any:
@@ -531,7 +547,7 @@ def _run_modern(
     if method == "tools/call":
         modern.check_param_headers(params, headers)
     caller = Caller.for_api_key(key)
-    result = modern.answer(caller, meta, method, params, traceparent)
+    result = modern.answer(caller, meta, method, params, traceparent, headers)
     return result if result.get("resultType") == "task" else modern.complete(result)
 
 
@@ -539,6 +555,7 @@ def _run_modern(
 # connection handling of channels.db, so a slow tool never holds up another request.
 _authenticate = database_sync_to_async(_key_for, thread_sensitive=False)
 _answer = database_sync_to_async(_run, thread_sensitive=False)
+_session_run = database_sync_to_async(_start_session_run, thread_sensitive=False)
 _answer_modern = database_sync_to_async(_run_modern, thread_sensitive=False)
 
 

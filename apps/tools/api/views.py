@@ -12,6 +12,8 @@ from drf_spectacular.utils import (
 from rest_framework import serializers
 from rest_framework.request import Request
 
+from apps.invocations import runs
+from apps.invocations.streams import is_run_id
 from apps.tools.listing import FORMATS, catalog_body
 from toolhub import openapi_examples as examples
 from toolhub.api import BadRequest, CallerView
@@ -79,7 +81,13 @@ class ToolCatalogView(CallerView):
                 OpenApiTypes.STR,
                 enum=["toolhub", "openai", "anthropic"],
                 description="Wire shape of the list (default: toolhub's ToolSpec).",
-            )
+            ),
+            OpenApiParameter(
+                "runId",
+                OpenApiTypes.STR,
+                description="A run started with an allowlist (POST /api/v1/runs/): only the "
+                "tools on it. A run without one lists the whole catalog.",
+            ),
         ],
         responses=inline_serializer(
             "ToolCatalog",
@@ -98,5 +106,15 @@ class ToolCatalogView(CallerView):
                 [{"field": "format", "message": "use toolhub, openai or anthropic"}],
             )
         caller = self.caller(request)
-        body = catalog_body(caller.tenant, caller.principal, caller.user, wire_format)
+        run_id = request.query_params.get("runId")
+        run = None
+        if run_id is not None:
+            if not is_run_id(run_id):
+                raise BadRequest(
+                    "Invalid runId.",
+                    [{"field": "runId", "message": "1-128 characters of A-Z a-z 0-9 . _ : -"}],
+                )
+            allowed = runs.allowlist(caller.tenant, run_id)
+            run = (run_id, allowed) if allowed is not None else None
+        body = catalog_body(caller.tenant, caller.principal, caller.user, wire_format, run)
         return HttpResponse(body, content_type="application/json")
