@@ -120,6 +120,7 @@ CATALOG = [
                     "requiresConnection": False,
                     "timeoutMs": 5000,
                     "tags": ["time"],
+                    "dependsOn": [],
                     "version": "1",
                     "schemaHash": "9b1f0c…",
                 }

@@ -10,6 +10,7 @@ the rest of the sync goes on.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable
@@ -52,14 +53,54 @@ class SyncReport:
     tenant: str = ""  # whose credential listed the tools ("" for none)
 
 
+HASH_CHARS = 8
+
+
 def normalise(remote_name: str) -> str:
     """A remote tool name as the last part of an id: lower case, [a-z0-9_] only."""
     return re.sub(r"[^a-z0-9_]", "_", remote_name.lower())
 
 
 def tool_id_for(server: McpServer, remote_name: str) -> str | None:
+    """The plain id of a remote name (`mcp__<server>__<normalised name>`), or None when
+    that is no valid id (longer than 64 characters, or nothing but underscores)."""
     tool_id = server.tool_prefix + normalise(remote_name)
     return tool_id if ID_RE.fullmatch(tool_id) and normalise(remote_name).strip("_") else None
+
+
+def hashed_id(server: McpServer, remote_name: str) -> str:
+    """The id of a remote name that has no plain one, or shares it: the normalised name cut
+    to fit, then `_` and 8 hex characters of the name's SHA-256. Deterministic, and
+    distinct for distinct names (2^32 values per server; a clash is reported, never merged)."""
+    room = 64 - len(server.tool_prefix) - 1 - HASH_CHARS
+    stem = normalise(remote_name).strip("_")[:room].rstrip("_") or "tool"
+    digest = hashlib.sha256(remote_name.encode()).hexdigest()[:HASH_CHARS]
+    return f"{server.tool_prefix}{stem}_{digest}"
+
+
+def assign_ids(server: McpServer, names: list[str]) -> dict[str, str]:
+    """The id of each remote name of one listing, every one `^[a-z0-9_]{1,64}$`.
+
+    A name keeps its plain id when it is already in the id alphabet (`get_time`), or when
+    no other name of the listing normalises to the same id (`Get-Time` alone is
+    `get_time`); the others (`Get-Time` beside `get_time`, a name too long, one of symbols
+    only) get their hashed id. The upstream name is kept (McpTool.remote_name) for calls.
+    An id once imported stays with its name (_import_one), whatever later listings hold.
+    """
+    plain = {name: tool_id_for(server, name) for name in names}
+    claims: dict[str, list[str]] = {}
+    for name, tool_id in plain.items():
+        if tool_id is not None:
+            claims.setdefault(tool_id, []).append(name)
+    ids = {}
+    for name, tool_id in plain.items():
+        if tool_id is not None and (
+            tool_id == server.tool_prefix + name or len(claims[tool_id]) == 1
+        ):
+            ids[name] = tool_id
+        else:
+            ids[name] = hashed_id(server, name)
+    return ids
 
 
 def listing_tenant(
@@ -150,14 +191,7 @@ def sync_server(
             tool = _scrubbed(scrubber, tool)
         declared[tool.name] = tool
     by_id: dict[str, list[str]] = {}
-    for name in declared:
-        tool_id = tool_id_for(server, name)
-        if tool_id is None:
-            report.errors.append(
-                f"{name[:80]!r} cannot become an id mcp__{server.name}__<tool> matching "
-                "^[a-z0-9_]{1,64}$"
-            )
-            continue
+    for name, tool_id in assign_ids(server, sorted(declared)).items():
         by_id.setdefault(tool_id, []).append(name)
     with transaction.atomic():
         for tool_id, names in sorted(by_id.items()):
@@ -243,11 +277,15 @@ def _import_one(
         .first()
     )
     now = timezone.now()
+    if row is not None:
+        tool_id = row.tool_id  # an imported tool keeps its id (ids are stable)
     if row is None:
-        holder = Tool.objects.filter(pk=tool_id).first()
-        if holder is not None:
-            report.errors.append(f"{tool_id} is already taken by another tool; not imported")
-            return
+        if Tool.objects.filter(pk=tool_id).exists():
+            # Held by a name imported before (`Get-Time` then, `get_time` now): the hashed id.
+            tool_id = hashed_id(server, declared.name)
+            if Tool.objects.filter(pk=tool_id).exists():
+                report.errors.append(f"{tool_id} is already taken by another tool; not imported")
+                return
         tool = Tool(id=tool_id, enabled=False, source=Source.MCP)
         row = McpTool(
             server=server,

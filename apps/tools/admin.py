@@ -43,8 +43,8 @@ class ToolAdmin(TenantScopedGuardedAdmin):
     readonly_fields = (
         "id", "name", "description", "input_schema", "output_schema", "schema_hash", "effect",
         "consequence_level", "requires_confirmation", "requires_connection", "timeout_ms",
-        "redaction_result", "redaction_args", "tags", "version", "source", "available",
-        "created_at", "updated_at",
+        "redaction_result", "redaction_args", "tags", "depends_on", "version", "source",
+        "available", "created_at", "updated_at",
     )  # fmt: skip
 
     superuser_only_fields = ("enabled", "cache_ttl_s", "cache_scope")

@@ -130,6 +130,9 @@ class ToolContract:
     requires_connection: bool = False
     capabilities: tuple[str, ...] = ()
     namespace: str = "core"
+    # Seed 001's `dependsOn`: ids of the other tools this one calls internally. Shown in
+    # the catalog; each must be registered too (ToolRegistry.check_dependencies).
+    depends_on: tuple[str, ...] = ()
     # The tool computes its answer from its arguments (and the clock) and returns at once:
     # it never waits on anything. The runner then calls it on the calling thread, without
     # the hand-over to a tool thread and back (issue 13); its deadline is checked when it

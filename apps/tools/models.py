@@ -64,6 +64,7 @@ class ToolManager(models.Manager["Tool"]):
         A core contract whose id is held by a tool of another source is a
         collision (TOOL_ID_STABILITY): refused, never overwritten.
         """
+        registry.check_dependencies()
         synced = []
         for registered in registry.all():
             existing = self.filter(pk=registered.id).first()
@@ -100,6 +101,9 @@ class Tool(models.Model):
     redaction_result = models.JSONField(default=list, help_text="Result fields kept in records.")
     redaction_args = models.JSONField(default=list, help_text="Argument fields kept in records.")
     tags = models.JSONField(default=list, blank=True)
+    depends_on = models.JSONField(
+        default=list, blank=True, help_text="Ids of the tools this one calls internally."
+    )
     version = models.CharField(max_length=32, default="1")
     source = models.CharField(max_length=8, choices=Source.choices, default=Source.CORE)
     enabled = models.BooleanField(
@@ -166,6 +170,7 @@ class Tool(models.Model):
         self.redaction_result = list(contract.redaction.result)
         self.redaction_args = list(contract.redaction.args)
         self.tags = list(contract.tags)
+        self.depends_on = list(contract.depends_on)
         self.version = contract.version
         self.source = Source.CORE
         self.available = True

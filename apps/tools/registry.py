@@ -24,8 +24,13 @@ from apps.tools.schema import (
     schema_hash,
 )
 
-NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
-NAMESPACE_RE = re.compile(r"^[a-z0-9-]{1,32}$")  # no "_": "__" must split id parts unambiguously
+# Every id is also a valid OpenAI and Anthropic tool name (API.md): `^[a-z0-9_]{1,64}$`,
+# namespace included. A contract is refused, never renamed: its id is what policies,
+# grants and records name. (Imported MCP names are mapped instead: apps/mcp/discovery.py.)
+ID_RE = re.compile(r"^[a-z0-9_]{1,64}$")
+MAX_ID = 64
+NAME_RE = re.compile(r"^[a-z0-9_]+$")
+NAMESPACE_RE = re.compile(r"^[a-z0-9]{1,32}$")  # no "_": "__" must split id parts unambiguously
 KNOWN_CAPABILITIES = frozenset(Capabilities.__dataclass_fields__)
 
 
@@ -55,15 +60,30 @@ def check_contract(contract: ToolContract) -> RegisteredTool:
 
     # fullmatch: `$` alone would also accept a trailing newline.
     if not NAME_RE.fullmatch(contract.name):
-        raise refuse("name must match ^[a-z0-9_-]{1,64}$")
+        raise refuse(
+            "name must match ^[a-z0-9_]+$ (lower case letters, digits and _: no upper case, "
+            "no -), so that the id is a valid OpenAI and Anthropic tool name"
+        )
     if not NAMESPACE_RE.fullmatch(contract.namespace):
-        raise refuse("namespace must match ^[a-z0-9-]{1,32}$")
+        raise refuse("namespace must match ^[a-z0-9]{1,32}$ (no _ and no -)")
+    if len(contract.id) > MAX_ID:
+        raise refuse(
+            f"the id is {len(contract.id)} characters; ids are at most {MAX_ID}, "
+            "namespace included (^[a-z0-9_]{1,64}$, the OpenAI and Anthropic limit)"
+        )
     if not 1 <= len(contract.description.strip()) <= 200 or len(contract.description) > 200:
         raise refuse("description must be 1-200 characters")
     if contract.effect not in EFFECTS:
         raise refuse(f"effect must be one of {', '.join(EFFECTS)}")
     if contract.consequence_level not in CONSEQUENCE_LEVELS:
         raise refuse(f"consequence level must be one of {', '.join(CONSEQUENCE_LEVELS)}")
+    for dependency in contract.depends_on:
+        if not isinstance(dependency, str) or not ID_RE.fullmatch(dependency):
+            raise refuse(f"dependsOn names {str(dependency)[:80]!r}, which is no tool id")
+    if contract.id in contract.depends_on:
+        raise refuse("dependsOn names the tool itself")
+    if len(set(contract.depends_on)) != len(contract.depends_on):
+        raise refuse("dependsOn names a tool twice")
     if not 0 < contract.timeout_s <= 600:
         raise refuse("timeout must be between 0 and 600 seconds")
     if not (isinstance(contract.params, type) and issubclass(contract.params, ToolParams)):
@@ -129,6 +149,17 @@ class ToolRegistry:
                 raise ToolRegistrationError(f"{module_name} has no CONTRACTS list")
             for contract in contracts:
                 self.register(contract)
+        self.check_dependencies()
+
+    def check_dependencies(self) -> None:
+        """Every `dependsOn` names a registered tool: checked once all modules are loaded,
+        so a tool may name one registered after it."""
+        for tool in self._tools.values():
+            missing = [d for d in tool.contract.depends_on if d not in self._tools]
+            if missing:
+                raise ToolRegistrationError(
+                    f"tool {tool.id}: dependsOn names {', '.join(missing)}, which is not registered"
+                )
 
     def get(self, tool_id: str) -> RegisteredTool | None:
         return self._tools.get(tool_id)

@@ -34,6 +34,7 @@ def tool_spec(tool: Tool, decision: Decision) -> dict[str, Any]:
         "requiresConnection": tool.requires_connection,
         "timeoutMs": tool.timeout_ms,
         "tags": list(tool.tags),
+        "dependsOn": list(tool.depends_on),
         "version": tool.version,
         "schemaHash": tool.schema_hash,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from apps.invocations.runner import explain_validation
 from apps.mcp import schemas
-from apps.mcp.discovery import normalise, tool_id_for
+from apps.mcp.discovery import assign_ids, hashed_id, normalise, tool_id_for
 from apps.mcp.models import McpServer
 from apps.mcp.schemas import McpParams, compile_params
 from apps.tools.schema import MAX_DECLARED_BYTES, MAX_DECLARED_DEPTH, SchemaError
@@ -288,3 +289,21 @@ def test_names_are_normalised_into_the_id_alphabet():
     assert tool_id_for(server, "Get-Time.v2") == "mcp__srv__get_time_v2"
     assert tool_id_for(server, "x" * 60) is None  # longer than 64 with the prefix
     assert tool_id_for(server, "!!") is None  # nothing left but underscores
+
+
+def test_every_remote_name_is_mapped_to_a_valid_id_deterministically_and_without_collision():
+    server = McpServer(name="srv")
+    names = ["get_time", "Get-Time", "GET TIME", "x" * 65, "y" * 200, "!!", "ok", "Only-One"]
+    ids = assign_ids(server, names)
+    assert ids == assign_ids(server, list(reversed(names)))  # order does not matter
+    assert len(set(ids.values())) == len(names)
+    for tool_id in ids.values():
+        assert re.fullmatch(r"[a-z0-9_]{1,64}", tool_id), tool_id
+    assert ids["get_time"] == "mcp__srv__get_time"  # already in the alphabet: kept
+    assert ids["ok"] == "mcp__srv__ok"
+    assert ids["Only-One"] == "mcp__srv__only_one"  # no rival: normalised only
+    assert ids["Get-Time"] == hashed_id(server, "Get-Time")  # rivals of get_time
+    assert re.fullmatch(r"mcp__srv__get_time_[0-9a-f]{8}", ids["Get-Time"])
+    assert ids["GET TIME"] != ids["Get-Time"]
+    assert len(ids["x" * 65]) == 64 and ids["x" * 65].startswith("mcp__srv__xxx")
+    assert re.fullmatch(r"mcp__srv__tool_[0-9a-f]{8}", ids["!!"])

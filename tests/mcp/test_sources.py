@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from apps.approvals.models import ApprovalRequest
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp import sessions
-from apps.mcp.discovery import accept_change
+from apps.mcp.discovery import accept_change, hashed_id
 from apps.mcp.models import McpServer, McpTool
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow, make_agent
@@ -232,16 +232,30 @@ def test_other_servers_keep_working_when_one_is_down():
     assert agent.invoke(TIME, args={"timezone": "UTC"}).json()["ok"] is True
 
 
-def test_names_outside_the_alphabet_or_colliding_are_errors_and_nothing_is_enabled():
+def test_names_outside_the_alphabet_or_colliding_are_mapped_to_ids_and_nothing_is_enabled():
     out = io.StringIO()
     call_command("mcp_add", "names", "--command", f"python {SERVERS}/misbehaving.py names")
     call_command("mcp_sync", "names", stdout=out)
     server = McpServer.objects.get(name="names")
-    assert "'Bad Name', 'bad_name' collide as mcp__names__bad_name" in server.last_error
-    assert "cannot become an id" in server.last_error  # 70 x's
-    assert list(
-        Tool.objects.filter(id__startswith="mcp__names__").values_list("id", "enabled")
-    ) == [("mcp__names__fine_tool", False)]
+    assert server.last_error == ""
+    ids = dict(McpTool.objects.filter(server=server).values_list("remote_name", "tool_id"))
+    assert ids == {
+        "bad_name": "mcp__names__bad_name",
+        "Bad Name": hashed_id(server, "Bad Name"),  # beside bad_name: hashed
+        "x" * 70: hashed_id(server, "x" * 70),  # 81 characters with the prefix: cut, hashed
+        "Fine-Tool": "mcp__names__fine_tool",  # upper case and "-": normalised
+    }
+    assert len(ids["x" * 70]) == 64
+    assert not Tool.objects.filter(id__startswith="mcp__names__", enabled=True).exists()
+    # The upstream name is what is called.
+    enable(ids["Bad Name"], ids["x" * 70])
+    agent = make_agent("acme")
+    allow(agent.tenant, ids["Bad Name"], ids["x" * 70])
+    assert agent.invoke(ids["Bad Name"]).json()["result"]["content"][0]["text"] == "a"
+    assert agent.invoke(ids["x" * 70]).json()["result"]["content"][0]["text"] == "c"
+    # A later sync keeps every id.
+    call_command("mcp_sync", "names", stdout=out)
+    assert dict(McpTool.objects.values_list("remote_name", "tool_id")) == ids
 
 
 def test_a_union_argument_is_usable_and_validated_as_its_anyof_says():

@@ -24,6 +24,7 @@ TOOL_SPEC_KEYS = {
     "requiresConnection",
     "timeoutMs",
     "tags",
+    "dependsOn",
     "version",
     "schemaHash",
 }
@@ -66,6 +67,7 @@ def test_a_tool_spec_describes_the_tool_as_registered(agent):
         "requiresConnection": False,
         "timeoutMs": 15000,
         "tags": ["time"],
+        "dependsOn": [],
         "version": "1",
         "schemaHash": registered.schema_hash,
     }
@@ -216,3 +218,31 @@ def test_an_external_side_effect_alone_does_not_imply_approval(agent, test_tools
     assert (echo["effect"], echo["consequenceLevel"]) == ("external_side_effect", "high")
     assert echo["requiresConfirmation"] is False
     assert echo["requiresApproval"] is False
+
+
+@pytest.fixture
+def dependent(agent):
+    """A registered tool that calls core__get_current_time internally, allowed for agent."""
+    from tests.tools.test_registry import make_contract
+
+    contract = make_contract(name="zz_dependent", depends_on=("core__get_current_time",))
+    registry.register(contract)
+    Tool.objects.sync_registry(registry)
+    allow(agent.tenant, contract.id)
+    yield contract.id
+    registry.unregister(contract.id)
+    Tool.objects.sync_registry(registry)
+
+
+def test_depends_on_is_shown_in_the_catalog_and_in_mcp_tools_list(agent, dependent):
+    from apps.mcp.server.tools import mcp_tool
+    from apps.policies.policy import catalog
+    from apps.tenants.principals import existing_service_user
+
+    specs = {spec["id"]: spec for spec in agent.tools().json()["tools"]}
+    assert specs[dependent]["dependsOn"] == ["core__get_current_time"]
+    assert specs["core__get_current_time"]["dependsOn"] == []
+    user = existing_service_user(agent.tenant, agent.principal)
+    allowed = dict(catalog(agent.tenant, agent.principal, user))
+    tool = next(t for t in allowed if t.pk == dependent)
+    assert mcp_tool(tool, allowed[tool])["_meta"]["toolhub/dependsOn"] == ["core__get_current_time"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -61,16 +62,28 @@ def walk(node: Any) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "name",
-    ["Get_Time", "x" * 65, "get time", "", "get.time", "héllo", "get__time\n"],
-    ids=["uppercase", "65-chars", "space", "empty", "dot", "non-ascii", "newline"],
+    ["Get_Time", "get-time", "get time", "", "get.time", "héllo", "get__time\n"],
+    ids=["uppercase", "hyphen", "space", "empty", "dot", "non-ascii", "newline"],
 )
 def test_a_name_outside_the_allowed_pattern_is_refused(name):
-    assert "name must match" in refusal(make_contract(name=name))
+    message = refusal(make_contract(name=name))
+    assert "name must match ^[a-z0-9_]+$ (lower case letters, digits and _" in message
 
 
-@pytest.mark.parametrize("name", ["a", "x" * 64, "get_current-time2"])
+def test_an_id_of_65_characters_is_refused_saying_so():
+    name = "x" * (65 - len("core__"))
+    message = refusal(make_contract(name=name))
+    assert message == (
+        f"tool core__{name}: the id is 65 characters; ids are at most 64, namespace included "
+        "(^[a-z0-9_]{1,64}$, the OpenAI and Anthropic limit)"
+    )
+
+
+@pytest.mark.parametrize("name", ["a", "x" * 58, "get_current_time2"])
 def test_a_name_inside_the_allowed_pattern_is_accepted(name):
-    assert ToolRegistry().register(make_contract(name=name)).id == f"core__{name}"
+    tool_id = ToolRegistry().register(make_contract(name=name)).id
+    assert tool_id == f"core__{name}"
+    assert re.fullmatch(r"[a-z0-9_]{1,64}", tool_id)
 
 
 @pytest.mark.parametrize("description", ["", "   ", "d" * 201], ids=["empty", "blank", "201-chars"])
@@ -144,8 +157,9 @@ def test_a_timeout_outside_0_to_600_seconds_is_refused(timeout_s):
     assert "timeout" in refusal(make_contract(timeout_s=timeout_s))
 
 
-def test_a_namespace_with_an_underscore_is_refused_so_ids_split_unambiguously():
-    assert "namespace" in refusal(make_contract(namespace="my_ns"))
+@pytest.mark.parametrize("namespace", ["my_ns", "acme-crm", "Acme"])
+def test_a_namespace_with_an_underscore_a_hyphen_or_upper_case_is_refused(namespace):
+    assert "namespace must match ^[a-z0-9]{1,32}$" in refusal(make_contract(namespace=namespace))
 
 
 def test_the_same_contract_twice_is_an_id_collision():
@@ -167,7 +181,7 @@ def test_a_colliding_contract_never_overwrites_the_first_one():
 def test_ids_are_the_namespace_and_name_joined_by_a_double_underscore():
     registry = ToolRegistry()
     assert registry.register(make_contract()).id == "core__zz_probe"
-    assert registry.register(make_contract(namespace="acme-crm")).id == "acme-crm__zz_probe"
+    assert registry.register(make_contract(namespace="acmecrm")).id == "acmecrm__zz_probe"
     assert registry.get("core__zz_probe") is not None
     assert registry.get("zz_probe") is None
 
@@ -588,3 +602,45 @@ def test_a_nested_model_that_ignores_extra_keys_is_refused():
         ToolRegistry().register(
             make_contract(params=Person, redaction=Redaction(result=(), args=()))
         )
+
+
+# ---------------------------------------------------------------- dependsOn (seed 001)
+
+
+def test_depends_on_naming_a_tool_not_registered_is_refused_naming_it():
+    registry = registry_of(make_contract(depends_on=("core__zz_missing",)))
+    with pytest.raises(ToolRegistrationError) as caught:
+        registry.check_dependencies()
+    assert str(caught.value) == (
+        "tool core__zz_probe: dependsOn names core__zz_missing, which is not registered"
+    )
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "reason"),
+    [
+        (("core__zz_probe",), "dependsOn names the tool itself"),
+        (("Core__Other",), "dependsOn names 'Core__Other', which is no tool id"),
+        (("core__a", "core__a"), "dependsOn names a tool twice"),
+    ],
+    ids=["itself", "not-an-id", "twice"],
+)
+def test_depends_on_must_name_other_tools_by_valid_ids(depends_on, reason):
+    assert reason in refusal(make_contract(depends_on=depends_on))
+
+
+@pytest.mark.django_db
+def test_depends_on_may_name_a_tool_registered_after_it_and_is_stored():
+    registry = ToolRegistry()
+    registry.register(make_contract(depends_on=("core__zz_helper",)))
+    registry.register(make_contract(name="zz_helper"))
+    Tool.objects.sync_registry(registry)
+    assert Tool.objects.get(pk="core__zz_probe").depends_on == ["core__zz_helper"]
+    assert Tool.objects.get(pk="core__zz_helper").depends_on == []
+
+
+@pytest.mark.django_db
+def test_syncing_a_registry_with_a_missing_dependency_changes_nothing():
+    with pytest.raises(ToolRegistrationError, match="core__zz_missing"):
+        Tool.objects.sync_registry(registry_of(make_contract(depends_on=("core__zz_missing",))))
+    assert not Tool.objects.filter(pk="core__zz_probe").exists()

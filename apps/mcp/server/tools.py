@@ -75,6 +75,7 @@ def mcp_tool(
             "toolhub/consequenceLevel": tool.consequence_level,
             "toolhub/requiresApproval": tool.requires_confirmation or decision.requires_approval,
             "toolhub/schemaHash": tool.schema_hash,
+            "toolhub/dependsOn": list(tool.depends_on),
         },
     }
 

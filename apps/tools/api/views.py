@@ -32,6 +32,9 @@ TOOL_SPEC = inline_serializer(
         "requiresConnection": serializers.BooleanField(),
         "timeoutMs": serializers.IntegerField(),
         "tags": serializers.ListField(child=serializers.CharField()),
+        "dependsOn": serializers.ListField(
+            child=serializers.CharField(), help_text="Ids of the tools this one calls internally"
+        ),
         "version": serializers.CharField(),
         "schemaHash": serializers.CharField(),
     },
