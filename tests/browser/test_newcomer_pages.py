@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 from tests.browser.test_operator_console import SERVER_ENV, screenshot
 from tests.support.server import daphne
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 
 def test_the_websocket_docs_page_shows_no_raw_python_dicts(new_context: Any):

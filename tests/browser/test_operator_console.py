@@ -21,7 +21,12 @@ from tests.conftest import allow, make_agent
 from tests.support.http import api
 from tests.support.server import daphne
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# The pages, not the database, are the subject: one leg (the queries are tested on both).
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_leg("postgresql"),
+]
 
 # Set to a directory (outside the repository) to keep screenshots of the pages.
 SCREENSHOTS = os.environ.get("TOOLHUB_BROWSER_SCREENSHOTS", "")

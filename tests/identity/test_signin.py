@@ -24,7 +24,8 @@ from tests.identity.conftest import (
 )
 from tests.identity.provider import OpenIDProvider
 
-pytestmark = pytest.mark.django_db
+# The sign-in protocol against a real provider, not the database: one leg.
+pytestmark = [pytest.mark.django_db, pytest.mark.one_leg("postgresql")]
 
 
 @pytest.fixture(autouse=True)

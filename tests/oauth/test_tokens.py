@@ -24,7 +24,8 @@ from apps.tenants.models import ApiKey, Tenant
 from tests.conftest import allow
 from tests.oauth.issuer import LocalIssuer, local_issuer
 
-pytestmark = pytest.mark.django_db
+# Token checks, not the database: one leg.
+pytestmark = [pytest.mark.django_db, pytest.mark.one_leg]
 
 RESOURCE = "http://testserver/mcp"
 CLOCK = {"toolId": "core__get_current_time", "args": {}}
