@@ -128,3 +128,15 @@ def test_the_client_raises_on_a_refused_request(server, demo):
     with pytest.raises(ToolhubError) as exc:
         Toolhub(server, "th_wrong").tools()
     assert exc.value.status == 401
+
+
+def test_the_client_starts_a_run_narrowed_to_some_tools(server, demo):
+    client = Toolhub(server, demo.key)
+    run_id = client.start_run(["test__echo"])
+    assert [tool["id"] for tool in client.tools(run_id=run_id)] == ["test__echo"]
+    assert [t["function"]["name"] for t in client.tools("openai", run_id)] == ["test__echo"]
+    batch = client.run_openai_tool_calls([call("c1", "test__confirm", "{}")], run_id=run_id)
+    assert "policy_denied" in batch.messages[0]["content"]
+    with pytest.raises(ToolhubError) as exc:
+        client.start_run(["test__confirm"], run_id=run_id)
+    assert exc.value.status == 409

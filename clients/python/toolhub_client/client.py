@@ -67,11 +67,19 @@ class Toolhub:
                 detail = raw.decode(errors="replace")
             raise ToolhubError(exc.code, detail) from None
 
-    def tools(self, format: str = "toolhub") -> list[dict[str, Any]]:
-        """The catalog this key may use, as `toolhub` ToolSpecs or `openai`/`anthropic` tools."""
-        return list(
-            self._request("GET", f"/api/v1/tools/?{urlencode({'format': format})}")["tools"]
-        )
+    def tools(self, format: str = "toolhub", run_id: str | None = None) -> list[dict[str, Any]]:
+        """The catalog this key may use, as `toolhub` ToolSpecs or `openai`/`anthropic` tools;
+        with `run_id`, that run's (only the tools on its allowlist, if it has one)."""
+        query = {"format": format, **({"runId": run_id} if run_id else {})}
+        return list(self._request("GET", f"/api/v1/tools/?{urlencode(query)}")["tools"])
+
+    def start_run(self, tools: list[str], run_id: str | None = None) -> str:
+        """Starts a run that may call only `tools` (per-run narrowing); answers its id. The
+        allowlist is fixed once set: another one for the same run raises (409)."""
+        body: dict[str, Any] = {"tools": list(tools)}
+        if run_id is not None:
+            body["runId"] = run_id
+        return str(self._request("POST", "/api/v1/runs/", body)["runId"])
 
     def invocation(self, invocation_id: str) -> Invocation:
         return Invocation.from_json(self._request("GET", f"/api/v1/invocations/{invocation_id}/"))
