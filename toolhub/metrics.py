@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from apps.invocations import result_cache, stats
+from apps.invocations import concurrency, result_cache, stats
 
 
 class OpenStreams:
@@ -145,6 +145,35 @@ class DatabaseCollector(Collector):
         for (tenant, tool, outcome), count in sorted(result_cache.lookups.snapshot().items()):
             cache.add_metric([tenant, tool, outcome], count)
         yield cache
+
+        slots = GaugeMetricFamily(
+            "toolhub_concurrency_slots_in_use",
+            "Calls holding a concurrency slot (a tool's or tenant's limit), every process's.",
+            labels=["tenant", "tool"],
+        )
+        for row in concurrency.in_use():
+            slots.add_metric([row["tenant__slug"], row["tool_id"]], row["n"])
+        yield slots
+
+        waits = CounterMetricFamily(
+            "toolhub_concurrency_calls",
+            "Calls over a concurrency limit in this process (sum over processes): `waited` "
+            "then ran, `refused` (rate_limited, or unavailable for lingering threads).",
+            labels=["outcome", "tenant", "tool"],
+        )
+        for (outcome, tenant, tool), n in sorted(concurrency.counts.snapshot().items()):
+            waits.add_metric([outcome, tenant, tool], n)
+        yield waits
+
+        lingering = GaugeMetricFamily(
+            "toolhub_tool_threads_lingering",
+            "Tool threads of this process still running after their call ended (timeout, "
+            "cancelled), by tool.",
+            labels=["tool"],
+        )
+        for tool, n in sorted(concurrency.lingering.snapshot().items()):
+            lingering.add_metric([tool], n)
+        yield lingering
 
         streams = GaugeMetricFamily(
             "toolhub_open_streams",

@@ -523,6 +523,18 @@ TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 128, minimum=1, maximum=1
 TOOLHUB_HOOKS = env_json_list("TOOLHUB_HOOKS")
 # How long one hook may run (ms), cut to the time the call has left.
 TOOLHUB_HOOK_TIMEOUT_MS = env_int("TOOLHUB_HOOK_TIMEOUT_MS", 2000, minimum=10, maximum=600_000)
+# Tool threads whose call already ended (timeout, cancelled) but whose code still runs
+# (Python cannot stop a thread): past this many for one tool, or past the total while the
+# tool has any, its new calls are refused `unavailable` instead of taking more threads.
+TOOLHUB_TOOL_LINGERING_PER_TOOL = env_int(
+    "TOOLHUB_TOOL_LINGERING_PER_TOOL", max(1, TOOLHUB_TOOL_THREADS // 8), minimum=1
+)
+TOOLHUB_TOOL_LINGERING_MAX = env_int(
+    "TOOLHUB_TOOL_LINGERING_MAX", max(1, TOOLHUB_TOOL_THREADS // 2), minimum=1
+)
+# Concurrency limits (a tool's max_concurrency, a tenant's max_concurrent_calls): how long
+# a call over the limit waits for a slot before it is refused `rate_limited` with a hint.
+TOOLHUB_CONCURRENCY_WAIT_S = env_int("TOOLHUB_CONCURRENCY_WAIT_S", 10, minimum=0, maximum=300)
 # Retention (apps/retention, docs/deployment.md): days a finished call (record, run
 # events, approval) is kept unless its tenant sets its own. Unset keeps everything; 0 or
 # less is refused. The worker prunes every TOOLHUB_RETENTION_EVERY_S seconds.

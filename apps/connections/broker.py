@@ -25,6 +25,8 @@ from apps.connections.models import SECRET_VALUE_FIELDS, Connection
 from apps.connections.netguard import (
     Blocked,
     BrokenResponse,
+    Cancellation,
+    Cancelled,
     NetworkPolicy,
     Resolver,
     fetch,
@@ -33,7 +35,7 @@ from apps.connections.netguard import (
 from apps.connections.scrubbing import Scrubber, secret_forms
 from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
-from apps.tools.contracts import ToolError
+from apps.tools.contracts import ToolCancelled, ToolError
 
 # Headers a tool may not set: the connection owns them.
 RESERVED_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "host"})
@@ -101,9 +103,13 @@ def forget_secrets() -> None:
 
 
 class HttpClient:
-    """The `http` capability: requests through one connection, credentials attached."""
+    """The `http` capability: requests through one connection, credentials attached.
 
-    def __init__(self, connection: Connection) -> None:
+    With `cancel` (the call's ToolContext), a cancelled call sends nothing more, and a
+    request out when the call is cancelled is cut (netguard.fetch): ToolCancelled."""
+
+    def __init__(self, connection: Connection, cancel: Cancellation | None = None) -> None:
+        self._cancel = cancel
         unsealed = unseal(str(connection.pk), connection.kind, connection.secret_encrypted)
         self._reserved = unsealed.reserved
         self._policy = NetworkPolicy(
@@ -137,7 +143,10 @@ class HttpClient:
                 timeout=timeout,
                 max_bytes=MAX_RESPONSE_BYTES,
                 pool_scope=self._pool_scope,
+                cancel=self._cancel,
             )
+        except Cancelled:
+            raise ToolCancelled("The call was cancelled: its request was stopped.") from None
         except (Blocked, BrokenResponse) as exc:
             raise ToolError(str(exc)) from None
         except TimeoutError:
@@ -174,11 +183,13 @@ def _row(tenant: Tenant, connection_id: str) -> Connection | None:
     )
 
 
-def http_client(tenant: Tenant, connection_id: str | None) -> HttpClient:
+def http_client(
+    tenant: Tenant, connection_id: str | None, cancel: Cancellation | None = None
+) -> HttpClient:
     connection = _row(tenant, connection_id) if connection_id else None
     if connection is None:  # the runner checked it; a deletion in between lands here
         raise ToolError("The connection no longer exists.")
-    return HttpClient(connection)
+    return HttpClient(connection, cancel)
 
 
 def scrubber_of(http: object) -> Scrubber | None:

@@ -2,7 +2,10 @@
 
 Addresses are checked after DNS resolution, the socket connects to the very
 address that was checked (so a second DNS answer cannot swap it), and every
-redirect hop goes through the same checks. Link-local and cloud-metadata
+redirect hop goes through the same checks. A cancelled call's request stops: it is
+checked before each hop's resolution and before its socket opens, and a cancellation
+while the request is out shuts its socket down, so the server sees the connection close
+and nothing is sent again (`cancel`, Cancelled). Link-local and cloud-metadata
 addresses are refused always; private and loopback ones unless the connection
 explicitly allows them. An IPv6 address that carries an IPv4 address (mapped,
 compatible, 6to4, Teredo, NAT64) is judged by the IPv4 address it carries, since
@@ -19,6 +22,7 @@ address this request's policy refuses. See ConnectionPool for when a socket goes
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import select
@@ -29,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urljoin, urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -76,6 +81,61 @@ class Blocked(Exception):
 class BrokenResponse(Exception):
     """The server's answer is not a whole HTTP response: not HTTP at all, or a body that
     stopped before the length it announced (a chunked body cut short included)."""
+
+
+class Cancelled(Exception):
+    """The call was cancelled: the request was not sent, or was cut while it ran."""
+
+
+class Cancellation(Protocol):
+    """What fetch watches (a tool call's ToolContext): whether the call is cancelled,
+    and a callback when it becomes so."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+
+class _Cut:
+    """Shuts the socket of the request in flight down when the call is cancelled: a
+    blocked send or read on the tool's thread then ends at once (shutdown, not close:
+    the descriptor stays valid for the thread that uses it)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.connection: http.client.HTTPConnection | None = None
+        # The request's socket, kept apart: http.client lets go of a connection's socket
+        # (connection.sock = None) once a response that closes it arrives, while the body
+        # is still read from it.
+        self.sock: socket.socket | None = None
+
+    def __call__(self) -> None:
+        self.done = True
+        _shut(self.sock)
+        connection = self.connection
+        if connection is not None:
+            _shut(connection.sock)
+
+    def watch(self, connection: http.client.HTTPConnection) -> None:
+        self.connection = connection
+        if self.done:
+            raise Cancelled
+
+    def hold(self, sock: socket.socket | None) -> None:
+        """The socket the request went out on (its response is read from it)."""
+        self.sock = sock
+        if self.done:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    # socket's own shutdown, even for TLS: SSLSocket.shutdown would also drop the TLS
+    # state another thread is reading with. OSError: already closed.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -180,6 +240,8 @@ class _PinnedHTTP(http.client.HTTPConnection):
     """Connects to `address`, which the caller checked, never to what `host` resolves to
     by then (a second DNS answer cannot swap it); `host` still names the Host header."""
 
+    cut: _Cut | None = None  # the request's, when its call can be cancelled
+
     def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
         self.address = address
@@ -191,6 +253,12 @@ class _PinnedHTTP(http.client.HTTPConnection):
 
     def connect(self) -> None:
         self.sock = self._open()
+        self._cut_if_cancelled()
+
+    def _cut_if_cancelled(self) -> None:
+        """A cancellation that came while the socket was connecting found none to shut."""
+        if self.cut is not None and self.cut.done:
+            _shut(self.sock)
 
 
 class _PinnedHTTPS(_PinnedHTTP, http.client.HTTPSConnection):
@@ -201,6 +269,7 @@ class _PinnedHTTPS(_PinnedHTTP, http.client.HTTPSConnection):
     def connect(self) -> None:
         # The certificate is checked against the host name, as without pinning.
         self.sock = TLS_CONTEXT.wrap_socket(self._open(), server_hostname=self.host)
+        self._cut_if_cancelled()
 
 
 # (scope, credentialed, scheme, host, port, checked address)
@@ -297,6 +366,7 @@ def fetch(
     max_bytes: int = 16 * 1024,
     pool_scope: str | None = None,
     follow_redirects: bool = True,
+    cancel: Cancellation | None = None,
 ) -> Response:
     """Send one request, following redirects, each hop re-checked (without
     `follow_redirects`, a redirect is returned as the answer).
@@ -307,7 +377,50 @@ def fetch(
 
     With a `pool_scope`, keep-alive connections of POOL under that scope are reused
     and returned; without one, every hop has a connection of its own.
+
+    With `cancel`, a cancelled call raises Cancelled before the next hop's resolution or
+    socket, and a cancellation while a request is out cuts it (_Cut).
     """
+    cut = _Cut()
+    forget = cancel.on_cancel(cut) if cancel is not None else None
+    try:
+        return _fetch(
+            policy,
+            method,
+            url,
+            headers,
+            credentials,
+            body,
+            timeout,
+            max_bytes,
+            pool_scope,
+            follow_redirects,
+            cut,
+        )
+    except Cancelled:
+        raise
+    except Exception:
+        if cut.done:  # whatever the cut socket raised: the cause is the cancellation
+            raise Cancelled from None
+        raise
+    finally:
+        if forget is not None:
+            forget()
+
+
+def _fetch(
+    policy: NetworkPolicy,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    credentials: Mapping[str, str] | None,
+    body: bytes | None,
+    timeout: float,
+    max_bytes: int,
+    pool_scope: str | None,
+    follow_redirects: bool,
+    cut: _Cut,
+) -> Response:
     origin = _origin(url)
     sent = {**headers, **(credentials or {})}
     credentialed = bool(credentials)
@@ -324,14 +437,25 @@ def fetch(
             sent = {k: v for k, v in sent.items() if k.lower() not in secret_names}
             credentialed = False
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        if cut.done:
+            raise Cancelled
         address = policy.safe_address(host, port)  # every hop, before any socket
+        if cut.done:  # cancelled while the name resolved: no socket opens
+            raise Cancelled
         key: PoolKey = (pool_scope or "", credentialed, parts.scheme, host, port, address)
         target = parts.path or "/"
         if parts.query:
             target += f"?{parts.query}"
         try:
             connection, response = _exchange(
-                key, method, target, body, sent, timeout, POOL if pool_scope is not None else None
+                key,
+                method,
+                target,
+                body,
+                sent,
+                timeout,
+                POOL if pool_scope is not None else None,
+                cut,
             )
         except http.client.HTTPException as exc:
             if isinstance(exc, OSError):  # RemoteDisconnected: closed without an answer
@@ -378,18 +502,21 @@ def _exchange(
     headers: Mapping[str, str],
     timeout: float,
     pool: ConnectionPool | None,
+    cut: _Cut,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """Send the request and read the response's head, on a pooled connection when one
     is idle under `key` and the method may be retried: a server may close an idle
     connection just as it is reused, and only then is the request sent again, once,
-    on a fresh connection. Other methods always get a fresh connection."""
+    on a fresh connection. Other methods always get a fresh connection. A cancelled
+    request is never sent again (`cut.watch` raises Cancelled)."""
     reused = pool.take(key) if pool is not None and method in IDEMPOTENT_METHODS else None
     if reused is not None:
         reused.timeout = timeout
         if reused.sock is not None:
             reused.sock.settimeout(timeout)
         try:
-            return reused, _send(reused, method, target, body, headers)
+            cut.watch(reused)
+            return reused, _send(reused, method, target, body, headers, cut)
         except ConnectionError:  # reset, broken pipe, or closed before a status line
             reused.close()
         except BaseException:
@@ -398,8 +525,10 @@ def _exchange(
     _, _, scheme, host, port, address = key
     connection_class = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
     connection = connection_class(host, port, address, timeout)
+    connection.cut = cut
     try:
-        return connection, _send(connection, method, target, body, headers)
+        cut.watch(connection)
+        return connection, _send(connection, method, target, body, headers, cut)
     except BaseException:
         connection.close()
         raise
@@ -411,8 +540,11 @@ def _send(
     target: str,
     body: bytes | None,
     headers: Mapping[str, str],
+    cut: _Cut | None = None,
 ) -> http.client.HTTPResponse:
     connection.request(method, target, body=body, headers=dict(headers))
+    if cut is not None:
+        cut.hold(connection.sock)
     return connection.getresponse()
 
 

@@ -25,9 +25,17 @@ class SystemClock:
 
 
 class DjangoMailer:
-    """Mail through Django's framework: console in the demo, SMTP by environment."""
+    """Mail through Django's framework: console in the demo, SMTP by environment.
+
+    A message handed to the mail server cannot be called back: a call cancelled before
+    that sends nothing (ToolCancelled), one cancelled during the hand-over still sends."""
+
+    def __init__(self, ctx: ToolContext | None = None) -> None:
+        self._ctx = ctx
 
     def send(self, to: list[str], subject: str, body: str) -> int:
+        if self._ctx is not None:
+            self._ctx.check_cancelled()
         return EmailMessage(subject=subject, body=body, to=to).send()
 
 
@@ -36,8 +44,8 @@ Provider = Callable[[Tenant, ToolContext], Any]
 PROVIDERS: dict[str, Provider] = {
     "clock": lambda tenant, ctx: SystemClock(),
     "plans": lambda tenant, ctx: DatabasePlanStore(tenant, ctx.run_id),
-    "http": lambda tenant, ctx: broker.http_client(tenant, ctx.connection_id),
-    "mail": lambda tenant, ctx: DjangoMailer(),
+    "http": lambda tenant, ctx: broker.http_client(tenant, ctx.connection_id, cancel=ctx),
+    "mail": lambda tenant, ctx: DjangoMailer(ctx),
 }
 
 

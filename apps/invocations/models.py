@@ -185,6 +185,30 @@ def _instant(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+class ConcurrencySlot(models.Model):
+    """One call running under a concurrency limit, as a lease (apps/invocations/concurrency.py).
+
+    Taken before the tool runs, given back when its thread really ends (a call that timed
+    out keeps it while its thread still runs); renewed by the process holding it while
+    it does, so a process that dies frees its slots when their lease runs out."""
+
+    # db_index=False: the (tenant, expires_at) index leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tool_id = models.CharField(max_length=140)
+    acquired_at = models.DateTimeField()
+    ends_by = models.DateTimeField(help_text="The call's deadline: the retry hint's estimate.")
+    expires_at = models.DateTimeField(help_text="The lease: renewed while the tool's thread runs.")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tool_id", "expires_at"]),
+            models.Index(fields=["tenant", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_id} ({self.tenant_id}) until {self.expires_at}"
+
+
 class CallWindow(models.Model):
     """One principal's rate-limit window: the row its admissions lock, one after another.
 

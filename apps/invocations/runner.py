@@ -15,8 +15,10 @@ It reads as the numbered pipeline of DESIGN.md, one small step per function:
   6 find_replay          idempotency ledger hit -> the recorded call
   7 hold_for_approval    pending_approval
   8 record_start         tool_call_start
-  9 bind_capabilities
-    (9a read_cache       a read-only tool's cached result answers; nothing runs)
+  9 (9a read_cache       a read-only tool's cached result answers; nothing runs)
+    take_slot (9b)       rate_limited (a concurrency limit), unavailable (lingering threads),
+                         cancelled (while it waited for a slot); only when the tool runs
+    bind_capabilities
  10 execute              execution, timeout, cancelled, unavailable (a remote server down)
     scrub_secrets        execution (the secrets the call sent out of the output, step 10b)
  11 validate_output      output_invalid, result_too_large
@@ -63,6 +65,7 @@ from apps.connections.permissions import can_use_connection
 from apps.connections.scrubbing import Scrubber
 from apps.invocations import (
     combined,
+    concurrency,
     events,
     ratelimit,
     result_cache,
@@ -90,6 +93,7 @@ from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
+    ToolCancelled,
     ToolContext,
     ToolError,
     ToolOutput,
@@ -120,7 +124,7 @@ class Refusal(Exception):
         super().__init__(safe_message)
         self.code = code
         self.safe_message = safe_message
-        self.retry_after_ms = retry_after_ms  # rate_limited only
+        self.retry_after_ms = retry_after_ms  # rate_limited, and lingering threads' unavailable
 
 
 @dataclass
@@ -780,6 +784,7 @@ def end_held(approval: ApprovalRequest, code: ErrorCode, safe_message: str) -> I
 def run_started(call: Call) -> InvocationRecord:
     """Steps 9-13 for a call whose start is recorded."""
     assert call.tool is not None
+    slot: concurrency.Slot | None = None
     try:
         answered = run_hooks(call, Stage.BEFORE_EXECUTION)
         cache_key = "" if answered is not None else _cache_key(call)
@@ -791,9 +796,10 @@ def run_started(call: Call) -> InvocationRecord:
         if answered is not None:  # a hook answered in the tool's place
             result = _validate_hook_output(call, answered.hook, answered.answer)
         else:
+            slot = take_slot(call)
             capabilities = bind_capabilities(call)
             call.scrubber = broker.scrubber_of(capabilities.http)
-            output = scrub_secrets(call, execute(call, capabilities))
+            output = scrub_secrets(call, execute(call, capabilities, slot))
             result = validate_output(call, output)
         result = after_result(call, result)
         failure = reported_failure(call, result)
@@ -808,6 +814,9 @@ def run_started(call: Call) -> InvocationRecord:
         refusal = _scrubbed(call, refusal)
         run_error_hooks(call, refusal)
         return record_refusal(call, refusal)
+    finally:
+        if slot is not None and not slot.handed:  # not run on a thread (inline, or refused)
+            slot.release()
 
 
 def _cache_key(call: Call) -> str:
@@ -1377,8 +1386,42 @@ def _mark_started(call: Call, now: datetime) -> None:
     call.record.request_hash = call.request_hash
 
 
+def take_slot(call: Call) -> concurrency.Slot | None:
+    """9b. Concurrency: a tool whose timed-out calls still hold too many of this process's
+    threads takes no more; a tool or tenant with a concurrency limit gives the call a slot,
+    held until its thread ends (apps/invocations/concurrency.py). Waits for one up to
+    TOOLHUB_CONCURRENCY_WAIT_S, then refuses with a retry hint. None: no limit applies."""
+    assert call.tool is not None
+    if call.registered is not None and not call.registered.contract.runs_inline:
+        stuck = concurrency.lingering.too_many(call.tool.pk)
+        if stuck is not None:
+            concurrency.counts.note("refused", call.caller.tenant.slug, call.tool.pk)
+            raise Refusal(
+                ErrorCode.UNAVAILABLE,
+                f"{stuck} earlier call(s) of {call.tool.pk} outlived their deadline and still "
+                f"hold threads here; retry in {concurrency.UNKNOWN_END_MS / 1000:g} s.",
+                retry_after_ms=concurrency.UNKNOWN_END_MS,
+            )
+    try:
+        return concurrency.acquire(
+            call.tool, call.caller.tenant, call.timeout_s, partial(_cancelled_waiting, call)
+        )
+    except concurrency.Full as full:
+        raise Refusal(ErrorCode.RATE_LIMITED, str(full), full.retry_after_ms) from None
+    except concurrency.WaitCancelled:
+        raise Refusal(
+            ErrorCode.CANCELLED, "The call was cancelled while it waited for a slot."
+        ) from None
+
+
+def _cancelled_waiting(call: Call) -> bool:
+    """Between two tries for a slot: give the connection back, ask for a cancellation."""
+    _release_connection()
+    return call.record is not None and _cancel_requested(call.record.pk)
+
+
 def bind_capabilities(call: Call) -> Capabilities:
-    """9. Build the context (references only) and the capabilities the tool declared."""
+    """9c. Build the context (references only) and the capabilities the tool declared."""
     assert call.registered is not None
     call.context = ToolContext(
         tenant=call.caller.tenant.slug,
@@ -1399,12 +1442,14 @@ def bind_capabilities(call: Call) -> Capabilities:
         raise Refusal(ErrorCode.EXECUTION, "The tool's resources could not be prepared.") from None
 
 
-def execute(call: Call, capabilities: Capabilities) -> Any:
+def execute(call: Call, capabilities: Capabilities, slot: concurrency.Slot | None = None) -> Any:
     """10. Run the tool on a worker thread under its deadline.
 
-    Python cannot stop a thread: on timeout the context is marked cancelled
-    (cooperative tools stop) and the caller gets its answer now. A tool that runs inline
-    (ToolContract.runs_inline: it never waits) runs on this thread instead.
+    Python cannot stop a thread: on timeout or cancellation the context is marked
+    cancelled (cooperative tools stop; the broker's HTTP client cuts its request) and the
+    caller gets its answer now; the thread keeps its concurrency slot, and counts as
+    lingering, until it ends. A tool that runs inline (ToolContract.runs_inline: it never
+    waits) runs on this thread instead.
     """
     assert call.registered is not None and call.context is not None
     future: Future[Any] | None = None
@@ -1418,7 +1463,10 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
             call.context,
             capabilities,
             progress_sink.get(),  # the caller's, if it receives progress (requests.py)
+            slot,
         )
+        if slot is not None:
+            slot.release_when_done(future)
         if call.record is None or call.on_linger is not None or call.start_held:
             # A quick call (records_late) records its start if it lingers; a worker's call
             # lets the worker hand its other calls on; a held start is pushed.
@@ -1434,14 +1482,14 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
                 _release_connection()
         return _wait(call, future)
     except (FutureTimeout, ToolTimedOut):
-        if future is not None:
-            future.cancel()  # still queued for a thread: then it never starts
-        call.context._cancel.set()
+        _give_up(call, future)
         raise Refusal(
             ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s."
         ) from None
     except Refusal:
         raise  # _wait's cancellation (POST .../cancel/): not a tool failure
+    except ToolCancelled:
+        raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
     except ToolUnavailable as exc:
         raise Refusal(ErrorCode.UNAVAILABLE, exc.safe_message[:1000]) from None
     except ToolResultTooLarge as exc:
@@ -1456,6 +1504,15 @@ def execute(call: Call, capabilities: Capabilities) -> Any:
         # Where it failed (frames only: the exception's message may hold values).
         logger.debug("tool failure at:\n%s", "".join(traceback.format_tb(exc.__traceback__)))
         raise Refusal(ErrorCode.EXECUTION, "The tool failed unexpectedly.") from None
+
+
+def _give_up(call: Call, future: Future[Any] | None) -> None:
+    """The call ends without its tool: a thread not started yet never starts; one that
+    runs is told (its context cancelled) and counted as lingering until it ends."""
+    assert call.context is not None and call.tool is not None
+    if future is not None and not future.cancel():
+        concurrency.lingering.outlived(call.tool.pk, future)
+    call.context.cancel()
 
 
 def _run_inline(call: Call, capabilities: Capabilities) -> Any:
@@ -1503,8 +1560,7 @@ def _wait(call: Call, future: Future[Any]) -> Any:
         except FutureTimeout:
             assert call.record is not None  # a quick call is recorded once it lingers
             if _cancel_requested(call.record.pk):
-                future.cancel()
-                call.context._cancel.set()
+                _give_up(call, future)
                 raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
             _release_connection()
 
@@ -1538,12 +1594,15 @@ def _run_tool(
     ctx: ToolContext,
     caps: Capabilities,
     progress: ProgressSink | None = None,
+    slot: concurrency.Slot | None = None,
 ) -> Any:
     reporting = progress_sink.set(progress)
     try:
         return execute_fn(params, ctx, caps)
     finally:
         progress_sink.reset(reporting)
+        if slot is not None:
+            slot.release()  # when the thread really ends, not when its call did
         close_old_connections()
 
 

@@ -429,8 +429,9 @@ class TenantAdmin(TenantScopedAdmin):
     """
 
     tenant_field = ""
-    fields = ("slug", "name")
-    superuser_only_fields = ("slug",)
+    fields = ("slug", "name", "max_concurrent_calls")
+    # A tenant's staff may not lift the limit that keeps it from crowding out the others.
+    superuser_only_fields = ("slug", "max_concurrent_calls")
     list_display = ("slug", "name", "created_at")
 
     search_fields = ("slug", "name")

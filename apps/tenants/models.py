@@ -8,7 +8,9 @@ import secrets
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models, transaction
+from django.db.models import Q
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -40,12 +42,26 @@ class Tenant(models.Model):
         related_name="tenants",
         help_text="Staff users of this tenant; each membership names their role here.",
     )
+    max_concurrent_calls = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Calls of this tenant that may run at once, all tools and processes "
+        "together (a call that timed out counts until its thread ends). Blank: no limit.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = epoch.EpochQuerySet["Tenant"].as_manager()
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_concurrent_calls__isnull=True) | Q(max_concurrent_calls__gte=1),
+                name="tenant_max_concurrent_calls_at_least_1",
+                violation_error_message="A concurrency limit is at least 1 (blank: no limit).",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.slug

@@ -47,7 +47,8 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         "available", "created_at", "updated_at",
     )  # fmt: skip
 
-    superuser_only_fields = ("enabled", "cache_ttl_s", "cache_scope")
+    # All hold for every tenant.
+    superuser_only_fields = ("enabled", "cache_ttl_s", "cache_scope", "max_concurrency")
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset

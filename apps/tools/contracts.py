@@ -7,11 +7,13 @@ tool touches outside its arguments arrives as an injected capability.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -67,6 +69,14 @@ class ToolTimedOut(ToolError):
     must not depend on which one wins."""
 
 
+class ToolCancelled(ToolError):
+    """Raised by a tool (or a capability) that saw its call cancelled before a step of
+    I/O, or whose request was cut by the cancellation: the call ends as `cancelled`."""
+
+    def __init__(self, safe_message: str = "The call was cancelled.") -> None:
+        super().__init__(safe_message)
+
+
 class ToolResultTooLarge(ToolError):
     """Raised by a tool whose provider answered with more than it may read (a remote
     server's answer past its size limit, cut while it was read): the call ends as
@@ -96,11 +106,47 @@ class ToolContext:
     connection_id: str | None
     deadline: float
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # Called once when the call is cancelled: a capability cuts its request (on_cancel).
+    _on_cancel: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
         """True once the runner gave up on this call (deadline or cancellation)."""
         return self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        """Before each step of I/O: a cancelled call goes no further."""
+        if self._cancel.is_set():
+            raise ToolCancelled()
+
+    def cancel(self) -> None:
+        """The runner's: mark the call cancelled and run the registered callbacks (on the
+        runner's thread: they must only cut, never wait)."""
+        with self._lock:
+            if self._cancel.is_set():
+                return
+            self._cancel.set()
+            callbacks, self._on_cancel[:] = list(self._on_cancel), []
+        for callback in callbacks:
+            # A capability's cut failing must not fail the runner: the thread ends anyway.
+            with contextlib.suppress(Exception):
+                callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run `callback` when the call is cancelled (at once if it already is); answers
+        the function that unregisters it (call it once the I/O it guards is over)."""
+        with self._lock:
+            if not self._cancel.is_set():
+                self._on_cancel.append(callback)
+                return partial(self._forget, callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._on_cancel:
+                self._on_cancel.remove(callback)
 
     def time_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models, transaction
+from django.db.models import Q
 
 from apps.tenants.epoch import EpochCache, EpochQuerySet
 from apps.tools.registry import RegisteredTool, ToolRegistrationError, ToolRegistry
@@ -129,6 +131,13 @@ class Tool(models.Model):
         default=CacheScope.PRINCIPAL,
         help_text="Who shares a cached result.",
     )
+    max_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Calls of this tool that may run at once, all tenants and processes "
+        "together (a call that timed out counts until its thread ends). Blank: no limit.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -136,6 +145,13 @@ class Tool(models.Model):
 
     class Meta:
         ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gte=1),
+                name="tool_max_concurrency_at_least_1",
+                violation_error_message="A concurrency limit is at least 1 (blank: no limit).",
+            )
+        ]
         permissions = [
             ("execute_tool", "Can execute this tool"),
             ("decide_approval", "Can decide approvals of this tool's calls"),

@@ -37,6 +37,7 @@ class EmailSent(ToolOutput):
 
 
 def send_email(params: SendEmailParams, ctx: ToolContext, caps: Capabilities) -> EmailSent:
+    ctx.check_cancelled()  # the mailer checks again just before the hand-over
     sent = caps.require("mail").send([str(a) for a in params.to], params.subject, params.body)
     return EmailSent(sent=sent, recipients=len(params.to))
 

@@ -31,6 +31,8 @@ class HttpResult(ToolOutput):
 
 
 def http_request(params: HttpRequestParams, ctx: ToolContext, caps: Capabilities) -> HttpResult:
+    # The capability checks again before each hop and cuts a request out when cancelled.
+    ctx.check_cancelled()
     response = caps.require("http").request(
         params.method,
         str(params.url),

@@ -56,14 +56,17 @@ class PlanOut(ToolOutput):
 
 
 def setup_plan(params: SetupPlanParams, ctx: ToolContext, caps: Capabilities) -> dict[str, Any]:
+    ctx.check_cancelled()  # a write of a cancelled call is not made
     return caps.require("plans").setup(params.objective, params.initial_steps)
 
 
 def add_step(params: AddStepParams, ctx: ToolContext, caps: Capabilities) -> dict[str, Any]:
+    ctx.check_cancelled()  # a write of a cancelled call is not made
     return caps.require("plans").add_steps(params.steps)
 
 
 def update_step(params: UpdateStepParams, ctx: ToolContext, caps: Capabilities) -> dict[str, Any]:
+    ctx.check_cancelled()  # a write of a cancelled call is not made
     return caps.require("plans").update_step(params.step_id, params.title, params.status)
 
 
