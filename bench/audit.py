@@ -11,6 +11,9 @@ In a fresh database (migrated in a temp dir, as bench/history.py does):
     client, an API key), p50 and p99 with the audit triggers in place and with them
     dropped (SQLite) or disabled (PostgreSQL), in alternating blocks of --block calls;
     the difference is what journaling a call's record and events costs it;
+  - the triggers alone: --probe synthetic calls (a record and two events each, inserted
+    by bench/history.py's build_history) with the triggers and without, alternately,
+    --probe-rounds times: the difference per call, free of the call path's noise;
   - the linker (apps.audit.chain.link_pending) over those calls' entries: entries/s;
   - a synthetic history of --history calls (bench/history.py's build_history: a record
     and two events each, journaled by the triggers as they are inserted), linked, then
@@ -57,7 +60,7 @@ def _triggers(on: bool) -> None:
     from apps.audit import digests
 
     if connection.vendor == "sqlite":
-        statements = digests.sqlite_triggers() if on else digests.SQLITE_DROP
+        statements = [*digests.SQLITE_DROP, *(digests.sqlite_triggers() if on else [])]
     else:
         verb = "ENABLE" if on else "DISABLE"
         statements = [
@@ -126,6 +129,20 @@ def child(options: argparse.Namespace) -> None:
     result["chain_cost_p50_ms"] = round(
         result["call_p50_ms_chained"] - result["call_p50_ms_unchained"], 3
     )
+    # The triggers alone, without the call path's noise: synthetic calls (a record and two
+    # events each) inserted with the triggers in place and without, alternately.
+    spent = {True: 0.0, False: 0.0}
+    for round_ in range(options.probe_rounds):
+        for on_now in (True, False):
+            _triggers(on_now)
+            started = time.perf_counter()
+            build_history(options.probe, tenant_slug=f"probe-{round_}-{on_now}", per_run=1000)
+            spent[on_now] += time.perf_counter() - started
+    _triggers(True)
+    probed = options.probe * options.probe_rounds
+    result["probe_calls"] = probed
+    result["trigger_cost_per_call_us"] = round((spent[True] - spent[False]) / probed * 1e6, 1)
+    result["insert_per_call_us_unchained"] = round(spent[False] / probed * 1e6, 1)
     started = time.perf_counter()
     linked = chain.link_pending()
     result["link_entries"] = linked
@@ -174,6 +191,7 @@ def measure(options: argparse.Namespace, database: str) -> dict[str, Any]:
         )
         command = [sys.executable, __file__, "--child", "--calls", str(options.calls)]
         command += ["--block", str(options.block), "--history", str(options.history)]
+        command += ["--probe", str(options.probe), "--probe-rounds", str(options.probe_rounds)]
         done = subprocess.run(  # noqa: S603
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=False
         )
@@ -189,6 +207,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--block", type=int, default=50)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument("--probe", type=int, default=5000, help="synthetic calls a round")
+    parser.add_argument("--probe-rounds", type=int, default=4)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output")
     options = parser.parse_args()
