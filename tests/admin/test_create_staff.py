@@ -99,3 +99,27 @@ def test_the_demo_operator_has_the_operator_role(db: None, tmp_path):
     assert operator.tenants.filter(slug="demo").exists()
     assert all(operator.has_perm(perm) for perm in OPERATOR_PERMISSIONS)
     assert not operator.has_perm("policies.change_policy")
+
+
+def test_an_email_address_is_where_approval_mail_goes(acme: Tenant):
+    out = create_staff(
+        "--tenant", "acme", "--username", "opal", "--password", PASSWORD,
+        "--email", "opal@example.com",
+    )  # fmt: skip
+    assert "no approval notifications" not in out
+    assert User.objects.get(username="opal").email == "opal@example.com"
+
+
+def test_without_an_email_it_says_no_mail_will_come(acme: Tenant):
+    out = create_staff("--tenant", "acme", "--username", "opal", "--password", PASSWORD)
+    assert "No --email: this person gets no approval notifications" in out
+    assert User.objects.get(username="opal").email == ""
+
+
+def test_a_malformed_email_is_refused_and_nobody_is_created(acme: Tenant):
+    with pytest.raises(CommandError, match="valid email address"):
+        create_staff(
+            "--tenant", "acme", "--username", "opal", "--password", PASSWORD,
+            "--email", "opal at example",
+        )  # fmt: skip
+    assert not User.objects.filter(username="opal").exists()

@@ -24,6 +24,11 @@ class Command(BaseCommand):
         parser.add_argument("--username", required=True)
         parser.add_argument("--password", required=True)
         parser.add_argument(
+            "--email",
+            default="",
+            help="where approval notifications go; without one this person gets no mail",
+        )
+        parser.add_argument(
             "--role", default=Role.OPERATOR.value, help="operator (default), admin or member"
         )
 
@@ -42,7 +47,7 @@ class Command(BaseCommand):
                 "members. To give an existing person a role in a tenant, run "
                 "add_membership (or a superuser edits the tenant's memberships in the admin)."
             )
-        user = User(username=username, is_staff=True)
+        user = User(username=username, email=options["email"].strip(), is_staff=True)
         try:
             user.full_clean(exclude=["password"])
             validate_password(options["password"], user=user)
@@ -52,6 +57,10 @@ class Command(BaseCommand):
         user.save()
         grant_role(user, tenant, role)
         self.stdout.write(f"Staff member {username} created: {role.value} of tenant {tenant.slug}.")
+        if not user.email and role is not Role.MEMBER:
+            self.stdout.write(
+                "No --email: this person gets no approval notifications (set one in the admin)."
+            )
 
     def _role(self, value: str) -> Role:
         return parse_role(value)
