@@ -43,6 +43,9 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shutil
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -212,6 +215,7 @@ class _Session:
         self.retired = False
         self.users = 0
         self._on_list_changed = on_list_changed
+        self._stderr: _StderrTail | None = None  # a stdio server's, while it runs
         # Its own context: what the session sends of itself is no call's attempt.
         self.task = asyncio.get_running_loop().create_task(
             self._own(), context=contextvars.Context()
@@ -225,6 +229,8 @@ class _Session:
             async with contextlib.AsyncExitStack() as stack:
                 async with starting:
                     read, write = await stack.enter_async_context(self._transport())
+                    if self._stderr is not None:
+                        self._stderr.spawned()
                     session = await stack.enter_async_context(
                         ClientSession(
                             _ReadUntilEnd(read, self.closing), write, message_handler=self._incoming
@@ -249,17 +255,28 @@ class _Session:
                     logger.info("MCP server %s: %s", self.endpoint.server, reason)
                 else:
                     logger.info("MCP server %s did not start: %r", self.endpoint.server, exc)
+                if self._stderr is not None:
+                    said = await self._stderr.said()
+                    if said:
+                        # For staff (the sync's output, the server's last_error), not agents.
+                        for_agent = for_agent or reason
+                        reason = f"{reason}; its stderr ended with:\n{said}"
                 self.ready.set_exception(ServerUnavailable(reason, for_agent))
             if isinstance(exc, asyncio.CancelledError):
                 return
         finally:
             self.closing.set()
+            if self._stderr is not None:
+                self._stderr.close()
 
     def _transport(self) -> Any:
         endpoint = self.endpoint
         if endpoint.argv:
-            params = StdioServerParameters(command=endpoint.argv[0], args=list(endpoint.argv[1:]))
-            return stdio_client(params, errlog=_DEVNULL)
+            params = StdioServerParameters(
+                command=program_path(endpoint.argv[0]), args=list(endpoint.argv[1:])
+            )
+            self._stderr = _StderrTail()
+            return stdio_client(params, errlog=self._stderr.writer)
         client = _http_client(dict(endpoint.headers), endpoint.allow_private)
         client.event_hooks["response"].append(self._note_status)
         return _http(endpoint.url, client)
@@ -382,8 +399,80 @@ async def _http(url: str, client: Any) -> Any:
         yield streams
 
 
-# stderr of stdio servers: discarded (it may echo arguments or secrets).
-_DEVNULL = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+def program_path(name: str) -> str:
+    """Where an allowlisted program is: on PATH, else next to toolhub's interpreter.
+
+    The name is a bare one (models.allowed_argv). Programs installed with toolhub
+    (`pip install mcp-server-git` into its venv) sit beside the interpreter, which is
+    not on PATH when a command is run as `.venv/bin/python manage.py ...`; looking
+    there finds them without widening the allowlist (still names, never paths).
+    """
+    own_bin = os.path.dirname(sys.executable)  # the venv's bin, symlinks not followed
+    found = shutil.which(name) or shutil.which(name, path=own_bin)
+    if found is None:
+        raise ServerUnavailable(f"the program {name!r} was not found on PATH nor in {own_bin}")
+    return found
+
+
+# What is kept of a stdio server's stderr: its last characters, shown to staff when the
+# server fails to start (a wrong argument, a missing repository), never to agents.
+STDERR_TAIL_CHARS = 1000
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[^\S\n]+|[\x00-\x09\x0b-\x1f\x7f]")
+
+
+class _StderrTail:
+    """A pipe for a stdio server's stderr, drained on the pool's loop for as long as the
+    process runs (a full pipe would block it); only the last bytes are kept."""
+
+    def __init__(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        self.writer = os.fdopen(write_fd, "w")
+        self._read_fd: int | None = read_fd
+        self._tail = bytearray()
+        self._ended = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(read_fd, self._drain)
+
+    def _drain(self) -> None:
+        if self._read_fd is None:
+            return
+        try:
+            chunk = os.read(self._read_fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._stop_reading()
+            return
+        self._tail += chunk
+        del self._tail[: -4 * STDERR_TAIL_CHARS]
+
+    def _stop_reading(self) -> None:
+        if self._read_fd is not None:
+            self._loop.remove_reader(self._read_fd)
+            os.close(self._read_fd)
+            self._read_fd = None
+        self._ended.set()
+
+    def spawned(self) -> None:
+        """The process has its copy of the pipe: ours is closed, so its exit ends it."""
+        self.writer.close()
+
+    async def said(self) -> str:
+        """The tail of what the process wrote (awaiting its end, briefly), scrubbed of
+        control characters and cut to STDERR_TAIL_CHARS."""
+        self.spawned()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ended.wait(), 1.0)
+        text = self._tail.decode("utf-8", errors="replace")
+        text = _CONTROL.sub(lambda m: " " if m.group().isspace() else "", text).strip()
+        return text[-STDERR_TAIL_CHARS:]
+
+    def close(self) -> None:
+        self.writer.close()
+        self._stop_reading()
 
 
 def _describe(exc: BaseException) -> str:
@@ -398,6 +487,8 @@ def _describe(exc: BaseException) -> str:
         return "the server could not be reached"
     if isinstance(exc, ServerUnavailable):
         return str(exc)
+    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+        return "the server closed the connection"
     # The client library's own exception types say nothing a caller can act on.
     return "the session failed"
 

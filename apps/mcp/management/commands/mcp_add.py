@@ -54,5 +54,5 @@ class Command(BaseCommand):
         server.save()
         self.stdout.write(
             f"{'Registered' if created else 'Updated'} MCP server {name}; "
-            f"now run: python manage.py mcp_sync {name}"
+            f"now run: manage.py mcp_sync {name} (with the same interpreter)"
         )
