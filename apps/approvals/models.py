@@ -234,7 +234,10 @@ class ApprovalWebhook(models.Model):
     """Where a tenant's held calls are announced: a chat channel's incoming webhook or any
     HTTPS receiver. Limited to some policy rules, or every held call of the tenant."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approval_webhooks")
+    # No index of its own: the (tenant, name) unique constraint leads with it.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="approval_webhooks", db_index=False
+    )
     name = models.CharField(max_length=100)
     url = models.URLField(max_length=500, help_text="POSTed once for every new held call.")
     format = models.CharField(
@@ -290,8 +293,9 @@ class WebhookDelivery(models.Model):
     """One held call announced to one webhook, with every attempt's outcome: what an
     operator reads when someone asks "why did the channel not hear about it?"."""
 
+    # No index of its own: the (approval, webhook) unique constraint leads with it.
     approval = models.ForeignKey(
-        ApprovalRequest, on_delete=models.CASCADE, related_name="webhook_deliveries"
+        ApprovalRequest, on_delete=models.CASCADE, related_name="webhook_deliveries", db_index=False
     )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     webhook = models.ForeignKey(

@@ -24,3 +24,8 @@ class TokenKeyAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        # Superusers only, whatever global permissions a staff member holds: deleting the
+        # row would let the next token make a fresh key past a revoked one.
+        return bool(request.user.is_superuser)

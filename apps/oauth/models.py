@@ -45,7 +45,8 @@ class TokenKeyManager(models.Manager["TokenKey"]):
 
 class TokenKey(models.Model):
     issuer = models.CharField(max_length=500)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: the (tenant, principal, issuer) unique constraint leads with it.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     principal = models.CharField(max_length=160)
     key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, related_name="token_key")
     created_at = models.DateTimeField(auto_now_add=True)

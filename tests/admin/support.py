@@ -19,6 +19,7 @@ from apps.connections.models import Connection, Grant
 from apps.identity.models import ExternalIdentity, GroupMapping
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.mcp.models import McpServer, McpServerCredential, McpTool
+from apps.oauth.models import TokenKey
 from apps.planning.models import Plan, PlanStep
 from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.retention.models import PruneMark, RetentionPolicy
@@ -109,6 +110,11 @@ def populate(slug: str) -> User:
         url=hook.url,
         format=hook.format,
         last_error=f"{slug} answered 500",
+    )
+    # The agent's key doubles as the key an issuer's tokens act through (one key per tenant
+    # keeps the API-key pages' tests simple).
+    TokenKey.objects.create(
+        issuer=f"https://id.{slug}.example", tenant=tenant, principal=key.principal, key=key
     )
     RetentionPolicy.objects.create(tenant=tenant, days=400)
     PruneMark.objects.create(tenant=tenant, before=timezone.now(), pruned_at=timezone.now())
