@@ -213,8 +213,9 @@ def deliver_webhook(delivery_id: str) -> int:
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
     settle calls whose worker died while running them, count the calls that ended (and
-    repair their missing results), erase the session keys of expired stream tickets, and
-    link the writes journaled since the last pass into their tenants' audit chains.
+    repair their missing results), erase the session keys of expired stream tickets, link
+    the writes journaled since the last pass into their tenants' audit chains, and delete
+    forgotten idempotency keys.
 
     Every read goes through an index that holds only the rows needing work (pending,
     approved, executing, running, RUNNING entries, unfolded ends, tickets holding a
@@ -226,7 +227,7 @@ def sweep() -> dict[str, int]:
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.audit import chain
-    from apps.invocations import rollups
+    from apps.invocations import ledger, rollups
     from apps.invocations.models import StreamTicket
 
     expired = sum(
@@ -271,6 +272,7 @@ def sweep() -> dict[str, int]:
     end_dead_entries()
     StreamTicket.objects.forget_sessions()
     chain.link_pending()
+    ledger.prune()  # forgotten idempotency keys, read through their expiry index
     return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 

@@ -3,15 +3,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from apps.audit import verify
-from apps.invocations import links
+from apps.invocations import ledger, links
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.admin import TenantScopedAdmin
+from apps.tenants.roles import may
 
 
 def _pretty(value: Any) -> str:
@@ -76,9 +79,47 @@ class InvocationRecordAdmin(TenantScopedAdmin):
         ("Audit", {"fields": ("audit_chain",)}),
     )
     readonly_fields = ("related", "args_json", "result_json", "audit_chain")
+    actions = ("forget_keys", "forget_principals_keys", "forget_tools_keys")
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).select_related("tenant")
+
+    # Invalidation (apps/invocations/ledger.py): by key, principal or tool, in the record's
+    # tenant, for whoever may change that tenant's API keys (tenant admins, superusers).
+    # A call still running keeps its key until it ends.
+
+    @admin.action(description="Forget the idempotency keys of the selected calls")
+    def forget_keys(self, request: HttpRequest, queryset: QuerySet[InvocationRecord]) -> None:
+        self._forget(request, queryset, lambda r: {"key": r.idempotency_key or ""}, keyed=True)
+
+    @admin.action(description="Forget every idempotency key of the selected calls' principals")
+    def forget_principals_keys(
+        self, request: HttpRequest, queryset: QuerySet[InvocationRecord]
+    ) -> None:
+        self._forget(request, queryset, lambda r: {"principal": r.principal})
+
+    @admin.action(description="Forget every idempotency key of the selected calls' tools")
+    def forget_tools_keys(self, request: HttpRequest, queryset: QuerySet[InvocationRecord]) -> None:
+        self._forget(request, queryset, lambda r: {"tool_ref": r.tool_ref})
+
+    def _forget(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[InvocationRecord],
+        which: Any,
+        *,
+        keyed: bool = False,
+    ) -> None:
+        records = list(queryset.select_related("tenant")[:500])
+        if not all(may(request.user, "tenants.change_apikey", r.tenant_id) for r in records):
+            raise PermissionDenied("Only the tenant's admins forget its idempotency keys.")
+        filters = {
+            (record.tenant, tuple(sorted(which(record).items())))
+            for record in records
+            if record.idempotency_key or not keyed
+        }
+        forgotten = sum(ledger.invalidate(tenant, **dict(f)) for tenant, f in filters)
+        self.message_user(request, f"{forgotten} idempotency key(s) forgotten.", messages.SUCCESS)
 
     @admin.display(description="Run")
     def run_link(self, record: InvocationRecord) -> str:

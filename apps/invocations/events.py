@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 EVENT_VERSION = 1
 EventType = Literal[
     "tool_call_start",
+    "tool_call_retry",
     "tool_call_result",
     "approval_required",
     "approval_decided",
@@ -68,6 +69,8 @@ class EventMessage(TypedDict):
     reason: NotRequired[str]
     expiresAt: NotRequired[str]
     argsEdited: NotRequired[bool]
+    attempt: NotRequired[int]
+    waitMs: NotRequired[int]
 
 
 def run_group(tenant_id: int, run_id: str) -> str:

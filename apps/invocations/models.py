@@ -99,6 +99,16 @@ class InvocationRecord(models.Model):
     hooks = models.JSONField(
         null=True, blank=True, help_text="What each hook (settings.TOOLHUB_HOOKS) did, in order."
     )
+    # A call whose idempotency key's last attempt failed (or was cancelled) runs again: it
+    # names that attempt, and counts (2, 3...). Null on a first attempt. Nullable columns
+    # without defaults: SQLite adds them without rebuilding the table (and its triggers).
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    attempt = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The runner's own retries (unavailable, timeout) of this call before its last try:
+    # [{attempt, errorCode, safeMessage, durationMs, retryAfterMs?, waitMs}]. Null: none.
+    retries = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -116,15 +126,6 @@ class InvocationRecord(models.Model):
                 condition=models.Q(ended_at__isnull=True),
                 name="invocations_unfinished_idx",
             ),
-        ]
-        constraints = [
-            # The idempotency ledger: one call per key and tenant, enforced by
-            # the database so concurrent retries cannot both execute.
-            models.UniqueConstraint(
-                fields=["tenant", "idempotency_key"],
-                condition=models.Q(idempotency_key__isnull=False),
-                name="one_call_per_idempotency_key",
-            )
         ]
 
     def __str__(self) -> str:
@@ -167,6 +168,12 @@ class InvocationRecord(models.Model):
             data["cacheHit"] = True
         if self.hooks:
             data["hooks"] = self.hooks
+        if self.retry_of_id is not None:
+            data["retryOf"] = str(self.retry_of_id)
+        if self.attempt is not None:
+            data["attempt"] = self.attempt
+        if self.retries:
+            data["retries"] = self.retries
         data["createdAt"] = _instant(self.created_at)
         data["startedAt"] = _instant(self.started_at)
         data["endedAt"] = _instant(self.ended_at)
@@ -207,6 +214,55 @@ class ConcurrencySlot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_id} ({self.tenant_id}) until {self.expires_at}"
+
+
+class IdempotencyEntryQuerySet(models.QuerySet["IdempotencyEntry"]):
+    def forgettable(self, now: datetime | None = None) -> IdempotencyEntryQuerySet:
+        """Entries past their expiry whose call has ended: a running call keeps its key
+        whatever its TTL (or an invalidation) says, so no second attempt runs beside it.
+        Read through the expiry index: what is left to forget, never the history."""
+        return self.filter(expires_at__lte=now or timezone.now(), record__ended_at__isnull=False)
+
+
+class IdempotencyEntry(models.Model):
+    """The idempotency ledger: a key of a tenant's partition (its scope), held by the call
+    that used it last (apps/invocations/ledger.py).
+
+    The key is remembered while that call is unfinished, and after it succeeded until
+    `expires_at`; a failed or cancelled call leaves it free, and the next call with it
+    takes the row over (compare-and-set on `record`). One row per key, enforced by the
+    database, so concurrent first uses cannot both run.
+    """
+
+    # db_index=False: one_entry_per_key leads with it (tests/test_indexes.py).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    digest = models.CharField(max_length=64, help_text="sha256 of the scope's partition and key.")
+    key = models.CharField(max_length=200, help_text="The caller's key, or the derived one.")
+    tool_ref = models.CharField(max_length=200)
+    principal = models.CharField(max_length=160)
+    run_id = models.CharField(max_length=128, blank=True)
+    strategy = models.CharField(max_length=8)
+    scope = models.CharField(max_length=10)
+    record = models.OneToOneField(InvocationRecord, on_delete=models.CASCADE, related_name="+")
+    claimed_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    objects = IdempotencyEntryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "idempotency entries"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "digest"], name="one_entry_per_key")
+        ]
+        indexes = [
+            models.Index(fields=["expires_at"], name="ledger_expiry_idx"),
+            models.Index(fields=["tenant", "tool_ref"], name="ledger_tool_idx"),
+            models.Index(fields=["tenant", "principal"], name="ledger_principal_idx"),
+            models.Index(fields=["tenant", "key"], name="ledger_key_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.tool_ref}, {self.principal})"
 
 
 class CallWindow(models.Model):

@@ -36,6 +36,7 @@ import copy
 import hashlib
 import json
 import logging
+import random
 import time
 import traceback
 import uuid
@@ -67,6 +68,7 @@ from apps.invocations import (
     combined,
     concurrency,
     events,
+    ledger,
     ratelimit,
     result_cache,
     runs,
@@ -76,7 +78,7 @@ from apps.invocations import (
 from apps.invocations.capabilities import bind
 from apps.invocations.hooks import HookCall, Stage
 from apps.invocations.hooks import pipeline as hook_pipeline
-from apps.invocations.models import ErrorCode, InvocationRecord, Status
+from apps.invocations.models import ErrorCode, IdempotencyEntry, InvocationRecord, Status
 from apps.invocations.requests import (
     MAX_ARGS_BYTES,
     MAX_RESULT_BYTES,
@@ -91,8 +93,10 @@ from apps.receipts.body import Facts
 from apps.tenants import callers, epoch
 from apps.tenants.callers import Caller
 from apps.tools import sources
+from apps.tools.call_settings import MAX_BACKOFF_MS
 from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
+    Retries,
     ToolCancelled,
     ToolContext,
     ToolError,
@@ -124,7 +128,9 @@ class Refusal(Exception):
         super().__init__(safe_message)
         self.code = code
         self.safe_message = safe_message
-        self.retry_after_ms = retry_after_ms  # rate_limited, and lingering threads' unavailable
+        # rate_limited, lingering threads' unavailable, and unavailable and timeout when
+        # the tool gave a hint (ToolError)
+        self.retry_after_ms = retry_after_ms
 
 
 @dataclass
@@ -173,6 +179,13 @@ class Call:
     hook_trace: list[dict[str, str]] = field(default_factory=list)
     args_changed_by: str = ""  # the last hook that changed the arguments
     hooked_result: Any = field(default=None, repr=False)  # the after_result hooks' result
+    # Step 6: the call's idempotency key by its tool's strategy (None: it has none), and
+    # the ledger's entry for it when that entry's call no longer holds it (failed,
+    # expired, invalidated): this call takes it over when it is recorded.
+    key: ledger.Key | None = None
+    previous: IdempotencyEntry | None = field(default=None, repr=False)
+    # Step 10's attempts that ended unavailable or timeout and were tried again.
+    retries: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -197,6 +210,14 @@ class Call:
         assert self.tool is not None and self.decision is not None
         budget = self.decision.budgets.max_runtime_ms
         return min(self.tool.timeout_ms, budget or self.tool.timeout_ms) / 1000
+
+    @property
+    def patience_s(self) -> float:
+        """How long the call may take with all its attempts: what a retry of it waits."""
+        assert self.tool is not None
+        retries = self.tool.retries
+        waits = sum(_backoff_ms(retries, n, jittered=False) for n in range(1, retries.attempts + 1))
+        return self.timeout_s * (1 + retries.attempts) + waits * (1 + retries.jitter) / 1000
 
     @property
     def max_result_bytes(self) -> int:
@@ -373,7 +394,7 @@ def _passed(name: str, call: Call) -> str:
 def _simulate_hold(call: Call, simulation: Simulation) -> None:
     """Step 6 and 7 as questions: would this replay an earlier call, would it be held?"""
     assert call.tool is not None and call.decision is not None
-    if call.request.idempotency_key and _claimed_key(call):
+    if _replays(call):
         simulation.verdicts.append(
             Verdict(
                 "find_replay",
@@ -392,6 +413,22 @@ def _simulate_hold(call: Call, simulation: Simulation) -> None:
         simulation.verdicts.append(Verdict("hold_for_approval", True, f"Held: {why}"))
     else:
         simulation.verdicts.append(Verdict("hold_for_approval", True, "Not held: it would run."))
+
+
+def _replays(call: Call) -> bool:
+    """Whether step 6 would answer with an earlier call (a dry run reads, never claims)."""
+    assert call.tool is not None and call.args_json is not None
+    caller = call.caller
+    key = ledger.key_for(
+        call.tool,
+        caller.principal,
+        call.run_id,
+        call.request.idempotency_key,
+        call.args_json,
+        call.connection_id,
+    )
+    entry = ledger.find(caller.tenant, key) if key is not None else None
+    return entry is not None and ledger.holds(entry)
 
 
 def _validation_errors(call: Call) -> list[dict[str, str]]:
@@ -462,7 +499,7 @@ def records_late(call: Call) -> bool:
     tool changes nothing, and its result leaves the process only after the record is
     written. A key must be claimed (the record's insert) before anything runs."""
     assert call.tool is not None
-    return call.tool.effect == Effect.READ_ONLY and call.request.idempotency_key is None
+    return call.tool.effect == Effect.READ_ONLY and call.key is None
 
 
 class Closing:
@@ -796,10 +833,7 @@ def run_started(call: Call) -> InvocationRecord:
         if answered is not None:  # a hook answered in the tool's place
             result = _validate_hook_output(call, answered.hook, answered.answer)
         else:
-            slot = take_slot(call)
-            capabilities = bind_capabilities(call)
-            call.scrubber = broker.scrubber_of(capabilities.http)
-            output = scrub_secrets(call, execute(call, capabilities, slot))
+            output = scrub_secrets(call, execute_attempts(call))
             result = validate_output(call, output)
         result = after_result(call, result)
         failure = reported_failure(call, result)
@@ -1109,10 +1143,19 @@ def check_policy(call: Call) -> None:
 
 
 def _claimed_key(call: Call) -> bool:
-    """The idempotency key already belongs to a call: this request is a retry (step 6)."""
-    key = call.request.idempotency_key
-    records = InvocationRecord.objects.filter(tenant=call.caller.tenant, idempotency_key=key)
-    return key is not None and records.exists()
+    """The caller's idempotency key belongs to a call that still holds it: this request is
+    a retry that runs nothing (step 6). Asked before the arguments are validated, so only
+    a caller's key (strategy custom) is known here: a derived key's retry is counted."""
+    if call.tool is None or call.request.idempotency_key is None:
+        return False
+    if ledger.effective(call.tool).strategy != "custom":
+        return False
+    caller = call.caller
+    key = ledger.key_for(
+        call.tool, caller.principal, call.run_id, call.request.idempotency_key, {}, ""
+    )
+    entry = ledger.find(caller.tenant, key) if key is not None else None
+    return entry is not None and ledger.holds(entry)
 
 
 def check_permission(call: Call) -> None:
@@ -1210,12 +1253,33 @@ def apply_rules(call: Call) -> None:
         raise Refusal(ErrorCode.POLICY_DENIED, call.decision.reason)
 
 
+class KeyTaken(Exception):
+    """Another call took over the free key first (ledger.claim's compare-and-set missed)."""
+
+
+def _claim_key(call: Call) -> None:
+    """Give the call's key to its record, in the transaction that writes the record."""
+    assert call.record is not None
+    if call.key is None:
+        return
+    caller = call.caller
+    if not ledger.claim(
+        caller.tenant, call.key, call.record, caller.principal, call.run_id, call.previous
+    ):
+        raise KeyTaken
+
+
 def _idempotency_winner(call: Call) -> InvocationRecord:
-    """A concurrent call claimed the same key first: replay it, if it is the same call."""
-    winner = InvocationRecord.objects.get(
-        tenant=call.caller.tenant, idempotency_key=call.request.idempotency_key
-    )
-    return _same_call(call, winner)
+    """A concurrent call claimed the same key first: replay it, if it is the same call.
+    Should the winner have ended already and failed, this call answers with that outcome,
+    as any retry that waited for it does."""
+    assert call.key is not None
+    entry = ledger.find(call.caller.tenant, call.key)
+    if entry is None:  # its call was pruned between the two reads: answered as busy
+        raise Refusal(
+            ErrorCode.UNAVAILABLE, "A concurrent call used this idempotencyKey; try again."
+        )
+    return _same_call(call, entry.record)
 
 
 def _same_call(call: Call, earlier: InvocationRecord) -> InvocationRecord:
@@ -1238,11 +1302,11 @@ def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
 
     A running (or approved and queued) first attempt may be in another process, so the
     record is the one thing both can see: poll it until it ends, for at most the tool's
-    timeout plus a margin. A held call is answered at once (202, same approval). If it
-    is still unfinished then (its process died, or the queue is slow), the record is
-    returned as it is and the view answers 409.
+    timeout (times its attempts, with their waits) plus a margin. A held call is answered
+    at once (202, same approval). If it is still unfinished then (its process died, or
+    the queue is slow), the record is returned as it is and the view answers 409.
     """
-    deadline = time.monotonic() + call.timeout_s + REPLAY_MARGIN_S
+    deadline = time.monotonic() + call.patience_s + REPLAY_MARGIN_S
     pause, longest = REPLAY_POLL_S
     record = earlier
     while record.status in (Status.RUNNING, Status.QUEUED) and time.monotonic() < deadline:
@@ -1253,14 +1317,29 @@ def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
 
 
 def find_replay(call: Call) -> InvocationRecord | None:
-    """6. The idempotency ledger: a key already used returns that call's record."""
-    key = call.request.idempotency_key
-    if key is None:
+    """6. The idempotency ledger (apps/invocations/ledger.py): the call's key by its
+    tool's strategy; a key whose call still holds it (unfinished, or succeeded and
+    remembered) returns that call's record. A key left free (failed, expired,
+    invalidated) is taken over when this call is recorded."""
+    assert call.tool is not None and call.args_json is not None
+    caller = call.caller
+    call.key = ledger.key_for(
+        call.tool,
+        caller.principal,
+        call.run_id,
+        call.request.idempotency_key,
+        call.args_json,
+        call.connection_id,
+    )
+    if call.key is None:
         return None
-    existing = InvocationRecord.objects.filter(
-        tenant=call.caller.tenant, idempotency_key=key
-    ).first()
-    return _same_call(call, existing) if existing is not None else None
+    entry = ledger.find(caller.tenant, call.key)
+    if entry is None:
+        return None
+    if ledger.holds(entry):
+        return _same_call(call, entry.record)
+    call.previous = entry
+    return None
 
 
 def hold_for_approval(call: Call) -> InvocationRecord | None:
@@ -1279,11 +1358,14 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
     args = call.params.model_dump(mode="json")
     try:
         with transaction.atomic():
-            call.record = InvocationRecord.objects.create(
+            call.record = InvocationRecord(
                 **_record_fields(call),
-                idempotency_key=call.request.idempotency_key,
+                idempotency_key=call.key.key if call.key else None,
                 status=Status.PENDING_APPROVAL,
             )
+            ledger.link_retry(call.record, call.previous)
+            call.record.save(force_insert=True)
+            _claim_key(call)
             approval = ApprovalRequest.objects.create(
                 tenant=call.caller.tenant,
                 invocation=call.record,
@@ -1318,7 +1400,7 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
                 expiresAt=approval.expires_at.isoformat().replace("+00:00", "Z"),
                 invocationId=str(call.record.pk),
             )
-    except IntegrityError:
+    except (IntegrityError, KeyTaken):
         call.record = None
         return _idempotency_winner(call)
     transaction.on_commit(lambda: signals.call_held.send(sender=ApprovalRequest, approval=approval))
@@ -1349,20 +1431,28 @@ def record_start(call: Call) -> InvocationRecord | None:
         return None
     call.record = InvocationRecord(
         **_record_fields(call),
-        idempotency_key=call.request.idempotency_key,
+        idempotency_key=call.key.key if call.key else None,
         status=Status.RUNNING,
         started_at=now,
     )
+    ledger.link_retry(call.record, call.previous)
     _no_approval(call.record)
-    try:
-        # A claimed key fails it (IntegrityError), the record and its event with it.
+    if call.key is None:
         with _savepoint_if_nested():
             written = _written_together(call.record, [_start_event(call, now)], insert=True)
         if not written:
             with transaction.atomic():
                 statements.insert([call.record])
                 _emit_start(call, now)
-    except IntegrityError:
+        return None
+    try:
+        # A key claimed meanwhile fails it (IntegrityError, KeyTaken): the record and its
+        # event with it. Statements one by one: the claim is part of the transaction.
+        with transaction.atomic():
+            statements.insert([call.record])
+            _claim_key(call)
+            _emit_start(call, now)
+    except (IntegrityError, KeyTaken):
         call.record = None
         return _idempotency_winner(call)
     return None
@@ -1420,8 +1510,9 @@ def _cancelled_waiting(call: Call) -> bool:
     return call.record is not None and _cancel_requested(call.record.pk)
 
 
-def bind_capabilities(call: Call) -> Capabilities:
-    """9c. Build the context (references only) and the capabilities the tool declared."""
+def bind_capabilities(call: Call, attempt: int = 1) -> Capabilities:
+    """9c. Build the context (references only) and the capabilities the tool declared;
+    again for each of the runner's retries (a fresh deadline, a fresh cancel flag)."""
     assert call.registered is not None
     call.context = ToolContext(
         tenant=call.caller.tenant.slug,
@@ -1430,6 +1521,10 @@ def bind_capabilities(call: Call) -> Capabilities:
         tool_call_id=call.tool_call_id,
         connection_id=call.connection_id or None,
         deadline=time.monotonic() + call.timeout_s,
+        idempotency_id=(
+            call.key.key if call.key else call.record.idempotency_key if call.record else None
+        ),
+        attempt=attempt,
     )
     try:
         return bind(call.registered.contract.capabilities, call.caller.tenant, call.context)
@@ -1440,6 +1535,127 @@ def bind_capabilities(call: Call) -> Capabilities:
         # model only needs to know the call could not be prepared.
         logger.error("capabilities for %s failed: %s", call.tool_ref, type(exc).__name__)
         raise Refusal(ErrorCode.EXECUTION, "The tool's resources could not be prepared.") from None
+
+
+# The codes the runner tries again (Retries): the tool could not be reached, or did not
+# answer in time. Anything else would fail the same way again.
+RETRIED = (ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT)
+# A tool's retryAfterMs hint is kept within [0, MAX_RETRY_AFTER_MS]; the runner waits
+# for it itself only up to MAX_RETRY_WAIT_MS, else the call ends with the hint for the
+# caller (a request is not held for a minute).
+MAX_RETRY_AFTER_MS = 3_600_000
+MAX_RETRY_WAIT_MS = 5_000
+
+
+def execute_attempts(call: Call) -> Any:
+    """9-10 with the tool's retries: an attempt that ends `unavailable` or `timeout` is
+    tried again after a backoff (or the tool's retryAfterMs hint), each retry recorded on
+    the call (`retries`) and emitted as `tool_call_retry`. Each attempt gets the call's
+    whole timeout and fresh capabilities; the last attempt's outcome is the call's."""
+    attempt = 1
+    while True:
+        began = time.monotonic()
+        try:
+            slot = take_slot(call)  # 9b, per attempt: a retry waits for a slot too
+            capabilities = bind_capabilities(call, attempt)
+            call.scrubber = broker.scrubber_of(capabilities.http)
+            return execute(call, capabilities, slot)
+        except Refusal as refusal:
+            wait_ms = _retry_wait(call, refusal, attempt)
+            if wait_ms is None:
+                raise
+            _note_retry(call, refusal, attempt, wait_ms, began)
+            if _cancelled_while_waiting(call, wait_ms):
+                raise Refusal(
+                    ErrorCode.CANCELLED, "The call was cancelled while it waited to retry."
+                ) from None
+            attempt += 1
+
+
+def _retry_wait(call: Call, refusal: Refusal, attempt: int) -> int | None:
+    """How long to wait before trying again, or None: not retried."""
+    assert call.tool is not None
+    retries = call.tool.retries
+    if refusal.code not in RETRIED or attempt > retries.attempts:
+        return None
+    # EXACTLY_ONCE: an external side effect's attempt that timed out may have happened.
+    # Only a call with an idempotency key, which every attempt passes on
+    # (ctx.idempotency_id) for the upstream to deduplicate, is tried again.
+    keyless = call.context is None or call.context.idempotency_id is None
+    if call.tool.effect == Effect.EXTERNAL_SIDE_EFFECT and keyless:
+        return None
+    wait_ms = _backoff_ms(retries, attempt)
+    hint = refusal.retry_after_ms
+    if hint is not None:
+        if hint > MAX_RETRY_WAIT_MS:
+            return None  # the caller is told when to try again (retryAfterMs)
+        wait_ms = max(wait_ms, hint)
+    return wait_ms
+
+
+def _backoff_ms(retries: Retries, n: int, *, jittered: bool = True) -> int:
+    """The n-th retry's wait: the backoff doubled each time, spread by the jitter."""
+    wait = retries.backoff_ms * 2 ** (n - 1)
+    if jittered and retries.jitter:
+        wait *= 1 + random.uniform(-retries.jitter, retries.jitter)  # noqa: S311
+    return int(min(max(wait, 0), MAX_BACKOFF_MS))
+
+
+def _hint(exc: ToolError) -> int | None:
+    """A tool's retryAfterMs within [0, MAX_RETRY_AFTER_MS]; None if absent or nonsense."""
+    hint = exc.retry_after_ms
+    if isinstance(hint, bool) or not isinstance(hint, int | float) or hint != hint:
+        return None
+    return int(min(max(hint, 0), MAX_RETRY_AFTER_MS))
+
+
+def _note_retry(call: Call, refusal: Refusal, attempt: int, wait_ms: int, began: float) -> None:
+    """Record the failed attempt on the call and emit tool_call_retry. A quick call is
+    recorded first (a start precedes its retries), a held start is pushed."""
+    if call.record is None:
+        record_start(call)
+    if call.start_held:
+        call.start_held = False
+        events.release(call.caller.tenant.pk, call.run_id)
+    assert call.record is not None
+    tried: dict[str, Any] = {
+        "attempt": attempt,
+        "errorCode": str(refusal.code),
+        "safeMessage": refusal.safe_message,
+        "durationMs": int((time.monotonic() - began) * 1000),
+        "waitMs": wait_ms,
+    }
+    if refusal.retry_after_ms is not None:
+        tried["retryAfterMs"] = refusal.retry_after_ms
+    call.retries.append(tried)
+    call.record.retries = list(call.retries)
+    events.emit(
+        call.caller.tenant,
+        call.run_id,
+        "tool_call_retry",
+        tool_call_id=call.tool_call_id,
+        tool_id=call.tool_ref[:200],
+        invocationId=str(call.record.pk),
+        **tried,
+    )
+    logger.info(
+        "tool call %s attempt %d ended %s; retrying in %d ms",
+        call.tool_call_id,
+        attempt,
+        refusal.code,
+        wait_ms,
+    )
+
+
+def _cancelled_while_waiting(call: Call, wait_ms: int) -> bool:
+    """Wait before the next attempt, polling for a cancellation request meanwhile."""
+    assert call.record is not None
+    end = time.monotonic() + wait_ms / 1000
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, CANCEL_POLL_S))
+        if _cancel_requested(call.record.pk):
+            return True
+    return False
 
 
 def execute(call: Call, capabilities: Capabilities, slot: concurrency.Slot | None = None) -> Any:
@@ -1481,17 +1697,21 @@ def execute(call: Call, capabilities: Capabilities, slot: concurrency.Slot | Non
                     _linger(call.on_linger)
                 _release_connection()
         return _wait(call, future)
-    except (FutureTimeout, ToolTimedOut):
+    except (FutureTimeout, ToolTimedOut) as exc:
         _give_up(call, future)
         raise Refusal(
-            ErrorCode.TIMEOUT, f"The tool did not finish within {call.timeout_s:g} s."
+            ErrorCode.TIMEOUT,
+            f"The tool did not finish within {call.timeout_s:g} s.",
+            retry_after_ms=_hint(exc) if isinstance(exc, ToolTimedOut) else None,
         ) from None
     except Refusal:
         raise  # _wait's cancellation (POST .../cancel/): not a tool failure
     except ToolCancelled:
         raise Refusal(ErrorCode.CANCELLED, "The call was cancelled while it ran.") from None
     except ToolUnavailable as exc:
-        raise Refusal(ErrorCode.UNAVAILABLE, exc.safe_message[:1000]) from None
+        raise Refusal(
+            ErrorCode.UNAVAILABLE, exc.safe_message[:1000], retry_after_ms=_hint(exc)
+        ) from None
     except ToolResultTooLarge as exc:
         raise Refusal(ErrorCode.RESULT_TOO_LARGE, exc.safe_message[:1000]) from None
     except ToolError as exc:
@@ -1790,6 +2010,7 @@ CLOSING_FIELDS = (
     "receipt",
     "cache_hit",
     "hooks",
+    "retries",
 )
 
 

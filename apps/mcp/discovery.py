@@ -350,6 +350,7 @@ def apply_to_catalog(row: McpTool) -> None:
     tool.version = row.accepted_hash[:16]
     tool.source = Source.MCP
     tool.available = True
+    tool.apply_call_settings()  # the effect's defaults, unless staff set them
     if row.unusable_reason:
         tool.enabled = False
     tool.save()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import ActionLocation
 from django.contrib.admin.views.main import ChangeList
@@ -12,7 +13,66 @@ from django.http import HttpRequest
 from apps.policies.models import Policy
 from apps.tenants.admin import TenantScopedGuardedAdmin
 from apps.tenants.scoping import is_superuser, staff_tenants
+from apps.tools import call_settings
+from apps.tools.contracts import Idempotency, Retries
 from apps.tools.models import Source, Tool
+
+CALL_SETTINGS = (
+    "idempotency_strategy",
+    "idempotency_params",
+    "idempotency_scope",
+    "idempotency_ttl_s",
+    "retry_attempts",
+    "retry_backoff_ms",
+    "retry_jitter",
+)
+
+
+class ToolForm(forms.ModelForm):
+    """The call settings are checked as a contract's are at registration
+    (apps/tools/call_settings.py): a strategy params naming an argument the tool does not
+    take, or none on an external side effect, is refused here too."""
+
+    class Meta:
+        model = Tool
+        fields = (
+            "enabled",
+            "cache_ttl_s",
+            "cache_scope",
+            "max_concurrency",
+            *CALL_SETTINGS,
+            "call_settings_by_staff",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        tool = self.instance
+        if not any(name in data for name in CALL_SETTINGS):
+            return data  # shown read-only: nothing to check
+        value = {name: data.get(name, getattr(tool, name)) for name in CALL_SETTINGS}
+        params = value["idempotency_params"] or []
+        if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+            self.add_error("idempotency_params", 'A list of argument names, e.g. ["order_id"].')
+            return data
+        try:
+            call_settings.check(
+                tool.effect,
+                tool.input_schema,
+                Idempotency(
+                    strategy=value["idempotency_strategy"],
+                    params=tuple(params),
+                    scope=value["idempotency_scope"],
+                    ttl_s=value["idempotency_ttl_s"] or 0,
+                ),
+                Retries(
+                    attempts=value["retry_attempts"] or 0,
+                    backoff_ms=value["retry_backoff_ms"] or 0,
+                    jitter=value["retry_jitter"] or 0.0,
+                ),
+            )
+        except call_settings.CallSettingsError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
 
 
 @admin.register(Tool)
@@ -35,6 +95,7 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         "available",
     )
     list_editable = ("enabled",)
+    form = ToolForm
     actions = ("enable_tools", "disable_tools")
     # Extends guardian's change form with the "used by these policies" list.
     change_form_template = "admin/tools/tool/change_form.html"  # type: ignore[misc]
@@ -48,7 +109,14 @@ class ToolAdmin(TenantScopedGuardedAdmin):
     )  # fmt: skip
 
     # All hold for every tenant.
-    superuser_only_fields = ("enabled", "cache_ttl_s", "cache_scope", "max_concurrency")
+    superuser_only_fields = (
+        "enabled",
+        "cache_ttl_s",
+        "cache_scope",
+        "max_concurrency",
+        *CALL_SETTINGS,
+        "call_settings_by_staff",
+    )
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset
@@ -80,6 +148,12 @@ class ToolAdmin(TenantScopedGuardedAdmin):
             actions.pop("enable_tools", None)
             actions.pop("disable_tools", None)
         return actions
+
+    def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
+        """Settings staff change are kept by the next sync (Tool.apply_call_settings)."""
+        if set(form.changed_data) & set(CALL_SETTINGS):
+            obj.call_settings_by_staff = True
+        super().save_model(request, obj, form, change)
 
     @admin.action(description="Enable selected tools (for every tenant)")
     def enable_tools(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:

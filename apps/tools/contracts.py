@@ -49,12 +49,16 @@ class ToolError(Exception):
     """Raised by a tool for a failure whose message is safe to show the model.
 
     Any other exception becomes a generic `execution` error: its text may hold
-    args or internals, so it is logged, never returned.
+    args or internals, so it is logged, never returned. `retry_after_ms` is the tool's
+    hint (seed 004 `retryAfter`) of when trying again may work: the runner waits at least
+    that long before its own retry (ToolUnavailable, ToolTimedOut) and hands the hint to
+    the caller as `retryAfterMs`.
     """
 
-    def __init__(self, safe_message: str) -> None:
+    def __init__(self, safe_message: str, retry_after_ms: int | None = None) -> None:
         super().__init__(safe_message)
         self.safe_message = safe_message
+        self.retry_after_ms = retry_after_ms
 
 
 class ToolUnavailable(ToolError):
@@ -105,6 +109,11 @@ class ToolContext:
     tool_call_id: str
     connection_id: str | None
     deadline: float
+    # The call's idempotency key (the caller's, or derived by the tool's strategy), the
+    # same on every attempt: a tool with an external side effect passes it upstream so
+    # the upstream can deduplicate a retried attempt. None: the call has none.
+    idempotency_id: str | None = None
+    attempt: int = 1  # 1, then 2, 3... on the runner's retries
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     # Called once when the call is cancelled: a capability cuts its request (on_cancel).
     _on_cancel: list[Callable[[], None]] = field(default_factory=list, repr=False, compare=False)
@@ -158,6 +167,62 @@ class ToolContext:
 
 Execute = Callable[[Any, ToolContext, Any], Any]
 
+IdempotencyStrategy = Literal["auto", "params", "custom", "none"]
+IdempotencyScope = Literal["tenant", "principal", "run"]
+STRATEGIES: tuple[IdempotencyStrategy, ...] = ("auto", "params", "custom", "none")
+SCOPES: tuple[IdempotencyScope, ...] = ("tenant", "principal", "run")
+DEFAULT_KEY_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """How a tool's calls are identified in the idempotency ledger (seed 002).
+
+    - `custom`: the caller's `idempotencyKey` (no key sent: the call is not deduplicated);
+    - `auto`: derived from the tool, the canonical arguments and the connection;
+    - `params`: derived from the tool and the arguments named in `params` only (the same
+      values with other arguments is a conflict, not a second execution);
+    - `none`: never deduplicated (a key sent is ignored); not for external side effects.
+
+    `scope` partitions keys: per tenant, per principal, or per principal and run.
+    `ttl_s` is how long a successful call's key is remembered from its first use.
+    """
+
+    strategy: IdempotencyStrategy = "custom"
+    params: tuple[str, ...] = ()
+    scope: IdempotencyScope = "principal"
+    ttl_s: int = DEFAULT_KEY_TTL_S
+
+
+@dataclass(frozen=True)
+class Retries:
+    """The runner's own retries of an attempt that ended `unavailable` or `timeout`.
+
+    `attempts` is how many times it tries again (0: never); the n-th retry waits
+    `backoff_ms * 2**(n-1)`, spread by +-`jitter` (a fraction), and at least the tool's
+    `retry_after_ms` hint."""
+
+    attempts: int = 0
+    backoff_ms: int = 200
+    jitter: float = 0.2
+
+
+def default_idempotency(effect: Effect) -> Idempotency:
+    """The caller's key for every effect: API.md promises a retry with the same
+    idempotencyKey never runs a call again, whatever the tool. Deriving a key (auto,
+    params) would merge calls a caller meant as distinct (the same email sent twice on
+    purpose): only the tool's author knows when equal arguments mean the same operation."""
+    return Idempotency()
+
+
+def default_retries(effect: Effect) -> Retries:
+    """No retries by default, for any effect: a retry multiplies the time a caller waits
+    on a tool that is down, and only the tool knows whether its failures pass (a flaky
+    upstream) or last. An external side effect that timed out may have happened: even
+    when configured, the runner retries it only for a call with an idempotency key,
+    which every attempt passes on (ctx.idempotency_id) for the upstream to deduplicate."""
+    return Retries()
+
 
 @dataclass(frozen=True)
 class ToolContract:
@@ -184,6 +249,18 @@ class ToolContract:
     # the hand-over to a tool thread and back (issue 13); its deadline is checked when it
     # returns. The registry refuses it with a capability that can wait (NEVER_WAIT).
     runs_inline: bool = False
+    # The idempotency ledger's strategy and the runner's retries (None: the effect's
+    # defaults, default_idempotency / default_retries). Staff may change both in the admin.
+    idempotency: Idempotency | None = None
+    retries: Retries | None = None
+
+    @property
+    def call_idempotency(self) -> Idempotency:
+        return self.idempotency or default_idempotency(self.effect)
+
+    @property
+    def call_retries(self) -> Retries:
+        return self.retries or default_retries(self.effect)
 
     @property
     def id(self) -> str:

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
 
 from apps.tenants.epoch import EpochCache, EpochQuerySet
+from apps.tools import call_settings
+from apps.tools.contracts import (
+    DEFAULT_KEY_TTL_S,
+    Idempotency,
+    Retries,
+    default_idempotency,
+    default_retries,
+)
 from apps.tools.registry import RegisteredTool, ToolRegistrationError, ToolRegistry
+
+logger = logging.getLogger(__name__)
 
 
 class Effect(models.TextChoices):
@@ -29,6 +41,19 @@ class CacheScope(models.TextChoices):
     TENANT = "tenant", "every caller of the tenant"
     PRINCIPAL = "principal", "the same principal"
     RUN = "run", "the same run"
+
+
+class Strategy(models.TextChoices):
+    CUSTOM = "custom", "custom: the caller's idempotencyKey"
+    AUTO = "auto", "auto: from the tool, its arguments and connection"
+    PARAMS = "params", "params: from the named arguments"
+    NONE = "none", "none: never deduplicated"
+
+
+class KeyScope(models.TextChoices):
+    TENANT = "tenant"
+    PRINCIPAL = "principal"
+    RUN = "run", "principal and run"
 
 
 class Source(models.TextChoices):
@@ -138,6 +163,33 @@ class Tool(models.Model):
         help_text="Calls of this tool that may run at once, all tenants and processes "
         "together (a call that timed out counts until its thread ends). Blank: no limit.",
     )
+    # The idempotency ledger (apps/invocations/ledger.py) and the runner's retries: the
+    # tool's own (its contract, or its effect's defaults) until staff change them.
+    idempotency_strategy = models.CharField(
+        max_length=8, choices=Strategy.choices, default=Strategy.CUSTOM
+    )
+    idempotency_params = models.JSONField(
+        default=list, blank=True, help_text="Strategy params: the arguments that make the key."
+    )
+    idempotency_scope = models.CharField(
+        max_length=10, choices=KeyScope.choices, default=KeyScope.PRINCIPAL
+    )
+    idempotency_ttl_s = models.PositiveIntegerField(
+        default=DEFAULT_KEY_TTL_S,
+        help_text="Seconds a successful call's key is remembered, from its first use.",
+    )
+    retry_attempts = models.PositiveSmallIntegerField(
+        default=0, help_text="Retries of an attempt that ended unavailable or timeout."
+    )
+    retry_backoff_ms = models.PositiveIntegerField(
+        default=200, help_text="The first retry's wait; it doubles for each next one."
+    )
+    retry_jitter = models.FloatField(default=0.2, help_text="Waits spread by +- this fraction.")
+    call_settings_by_staff = models.BooleanField(
+        default=False,
+        help_text="Staff set the idempotency and retry settings: syncs keep them. Untick "
+        "to return to the tool's own on the next sync.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -170,6 +222,49 @@ class Tool(models.Model):
                 {"cache_ttl_s": "Only read-only tools can have their results cached."}
             )
 
+    @property
+    def idempotency(self) -> Idempotency:
+        return Idempotency(
+            strategy=self.idempotency_strategy,  # type: ignore[arg-type]
+            params=tuple(self.idempotency_params or ()),
+            scope=self.idempotency_scope,  # type: ignore[arg-type]
+            ttl_s=self.idempotency_ttl_s,
+        )
+
+    @property
+    def retries(self) -> Retries:
+        return Retries(
+            attempts=self.retry_attempts,
+            backoff_ms=self.retry_backoff_ms,
+            jitter=self.retry_jitter,
+        )
+
+    def check_call_settings(self) -> None:
+        """call_settings.check on this row's settings (raises CallSettingsError)."""
+        call_settings.check(self.effect, self.input_schema, self.idempotency, self.retries)
+
+    def apply_call_settings(
+        self, idempotency: Idempotency | None = None, retries: Retries | None = None
+    ) -> None:
+        """The tool's own settings (its effect's defaults where not given), unless staff
+        set them and they still fit the tool (its arguments or effect may have changed)."""
+        if self.call_settings_by_staff:
+            try:
+                self.check_call_settings()
+                return
+            except call_settings.CallSettingsError as exc:
+                logger.warning("tool %s: staff's call settings dropped: %s", self.id, exc)
+                self.call_settings_by_staff = False
+        idempotency = idempotency or default_idempotency(self.effect)  # type: ignore[arg-type]
+        retries = retries or default_retries(self.effect)  # type: ignore[arg-type]
+        self.idempotency_strategy = idempotency.strategy
+        self.idempotency_params = list(idempotency.params)
+        self.idempotency_scope = idempotency.scope
+        self.idempotency_ttl_s = idempotency.ttl_s
+        self.retry_attempts = retries.attempts
+        self.retry_backoff_ms = retries.backoff_ms
+        self.retry_jitter = retries.jitter
+
     def apply_contract(self, registered: RegisteredTool) -> None:
         contract = registered.contract
         self.name = contract.name
@@ -190,3 +285,4 @@ class Tool(models.Model):
         self.version = contract.version
         self.source = Source.CORE
         self.available = True
+        self.apply_call_settings(contract.idempotency, contract.retries)

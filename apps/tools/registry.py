@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from apps.tools import call_settings
 from apps.tools.capabilities import NEVER_WAIT, Capabilities
 from apps.tools.contracts import CONSEQUENCE_LEVELS, EFFECTS, ToolContract, ToolParams
 from apps.tools.redaction import PathTree, RedactionError, build_tree, check_paths
@@ -116,6 +117,12 @@ def check_contract(contract: ToolContract) -> RegisteredTool:
         result_tree = build_tree(contract.redaction.result)
         args_tree = build_tree(contract.redaction.args)
     except (SchemaError, RedactionError) as exc:
+        raise refuse(str(exc)) from None
+    try:
+        call_settings.check(
+            contract.effect, input_schema, contract.call_idempotency, contract.call_retries
+        )
+    except call_settings.CallSettingsError as exc:
         raise refuse(str(exc)) from None
     return RegisteredTool(
         contract=contract,

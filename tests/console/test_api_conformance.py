@@ -17,16 +17,13 @@ from django.contrib.auth.models import User
 from django.http import JsonResponse
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 from rest_framework.test import APIClient
 
 from apps.approvals import decisions
-from apps.invocations import runner
-from apps.invocations.models import InvocationRecord, Status
-from apps.tools.models import Tool
 from tests.approvals.support import CONFIRM, ECHO, hold, logged_in, make_operator
 from tests.conftest import allow
+from tests.support.ledger import stuck_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -216,18 +213,7 @@ def test_a_rate_limited_call_answers_as_documented(document, caller):
 def test_a_retry_whose_first_attempt_is_stuck_answers_the_documented_409(document, caller):
     args = {"seconds": 0.1}
     allow(caller.tenant, SLEEP, name="sleep")
-    InvocationRecord.objects.create(
-        tenant=caller.tenant,
-        tool=Tool.objects.get(pk=SLEEP),
-        tool_ref=SLEEP,
-        tool_call_id="call-stuck",
-        run_id="run-stuck",
-        principal=caller.principal,
-        idempotency_key="stuck-1",
-        request_hash=runner.request_hash(SLEEP, args, ""),
-        status=Status.RUNNING,
-        started_at=timezone.now(),
-    )
+    stuck_call(caller.tenant, caller.principal, SLEEP, args, "stuck-1")
 
     retry = caller.invoke(SLEEP, args=args, idempotencyKey="stuck-1")
 

@@ -33,6 +33,7 @@ def payload_validator(message_key: str) -> Draft202012Validator:
 
 MESSAGE_KEYS = {
     "tool_call_start": "toolCallStart",
+    "tool_call_retry": "toolCallRetry",
     "tool_call_result": "toolCallResult",
     "approval_required": "approvalRequired",
     "approval_decided": "approvalDecided",

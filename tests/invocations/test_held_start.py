@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from apps.invocations import events, runner
+from apps.invocations import events, ledger, runner
 from apps.invocations.models import InvocationRecord, Status
 from tests.approvals.support import subscribed
 from tests.conftest import Agent, allow
@@ -138,9 +138,16 @@ def test_a_key_claimed_meanwhile_holds_nothing(
     allow(agent.tenant, "test__echo")
     first = agent.invoke("test__echo", runId="run-key", args={"text": "x"}, idempotencyKey="k")
     received = subscribed(agent.tenant, "run-key")
+
     # The first call's record appears after the replay check: the start's insert fails on
     # the key, and the runner answers with the first call.
-    monkeypatch.setattr(runner, "find_replay", lambda call: None)
+    def blind(call: runner.Call) -> None:  # computes the key, does not look it up
+        assert call.tool is not None
+        call.key = ledger.key_for(
+            call.tool, call.caller.principal, call.run_id, "k", call.args_json or {}, ""
+        )
+
+    monkeypatch.setattr(runner, "find_replay", blind)
     winners: list[runner.Call] = []
     winner = runner._idempotency_winner
 

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from apps.approvals.models import ApprovalRequest
 from apps.invocations import runner
-from apps.invocations.models import InvocationRecord, RunEvent, Status
-from apps.tools.models import Tool
+from apps.invocations.models import InvocationRecord, RunEvent
 from tests.conftest import Agent, allow
+from tests.support.ledger import stuck_call
 from tests.support.server import daphne, invoke
 from tests.support.threads import start_thread
 
@@ -65,18 +64,7 @@ def test_a_retry_whose_first_attempt_never_ends_answers_409_with_the_record(test
     """A first attempt whose process died stays `running` until the sweeper ends it:
     after the tool's timeout (0.5 s) plus the margin, the retry stops waiting."""
     args = {"seconds": 0.1}
-    stuck = InvocationRecord.objects.create(
-        tenant=tester.tenant,
-        tool=Tool.objects.get(pk=SLEEP),
-        tool_ref=SLEEP,
-        tool_call_id="call-stuck",
-        run_id="run-stuck",
-        principal=tester.principal,
-        idempotency_key="stuck-1",
-        request_hash=runner.request_hash(SLEEP, args, ""),
-        status=Status.RUNNING,
-        started_at=timezone.now(),
-    )
+    stuck = stuck_call(tester.tenant, tester.principal, SLEEP, args, "stuck-1")
 
     started = time.monotonic()
     retry = tester.invoke(SLEEP, args=args, idempotencyKey="stuck-1")

@@ -22,6 +22,7 @@ from apps.tools.contracts import (
     ToolOutput,
     ToolParams,
     ToolTimedOut,
+    ToolUnavailable,
 )
 
 BARRIER_PARTIES = 5
@@ -152,6 +153,24 @@ def fail(params: Fail, ctx: ToolContext, caps: Capabilities) -> Waited:
     raise RuntimeError("internal detail: password=hunter2")
 
 
+class Flaky(ToolParams):
+    path: str = Field(max_length=500)
+    token: str = Field(max_length=100)
+    failures: int = Field(ge=0, le=10)
+    retry_after_ms: int | None = None
+
+
+def flaky(params: Flaky, ctx: ToolContext, caps: Capabilities) -> Tallied:
+    """Appends the token (one line per attempt); its first `failures` attempts find the
+    upstream down, with `retry_after_ms` as the upstream's hint."""
+    with Path(params.path).open("a", encoding="utf-8") as trace:
+        trace.write(params.token + "\n")
+    tries = Path(params.path).read_text(encoding="utf-8").splitlines().count(params.token)
+    if tries <= params.failures:
+        raise ToolUnavailable("The upstream is down.", retry_after_ms=params.retry_after_ms)
+    return Tallied(token=params.token, executions=tries)
+
+
 def _test_tool(
     name: str, params: type[ToolParams], result: type[ToolOutput], execute: object, **kw: object
 ) -> ToolContract:
@@ -191,4 +210,6 @@ CONTRACTS = [
     _test_tool("inline_where", NoParams, Where, where, runs_inline=True),
     _test_tool("inline_overrun", NoParams, Waited, overrun, runs_inline=True, timeout_s=0.05),
     _test_tool("inline_fail", Fail, Waited, fail, runs_inline=True),
+    _test_tool("flaky", Flaky, Tallied, flaky),
+    _test_tool("flaky_send", Flaky, Tallied, flaky, effect="external_side_effect"),
 ]

@@ -14,6 +14,7 @@ from django.urls import reverse
 from apps.planning.models import Plan
 from apps.policies.models import Policy
 from apps.tenants.models import ApiKey, Tenant
+from apps.tools.admin import CALL_SETTINGS
 from apps.tools.models import Tool
 
 CHANGELIST = "/admin/tools/tool/"
@@ -113,7 +114,15 @@ def test_the_tool_change_page_shows_the_contract_read_only(admin_browser):
     )
     assert response.status_code == 200
     form = response.context["adminform"].form
-    assert set(form.fields) == {"enabled"}
+    # The contract is read-only; a superuser switches the tool and sets its call settings.
+    assert set(form.fields) == {
+        "enabled",
+        "cache_ttl_s",
+        "cache_scope",
+        "max_concurrency",
+        *CALL_SETTINGS,
+        "call_settings_by_staff",
+    }
 
 
 @pytest.mark.parametrize(

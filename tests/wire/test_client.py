@@ -140,3 +140,34 @@ def test_the_client_starts_a_run_narrowed_to_some_tools(server, demo):
     with pytest.raises(ToolhubError) as exc:
         client.start_run(["test__confirm"], run_id=run_id)
     assert exc.value.status == 409
+
+
+# ---------------------------------------------------------------- retryAfterMs
+
+
+def _flaky_args(tmp_path, hint: int) -> dict:
+    return {"path": str(tmp_path / "f.log"), "token": "t", "failures": 1, "retry_after_ms": hint}
+
+
+def test_invoke_waits_out_an_unavailable_calls_retry_after_and_sends_it_again(
+    server, demo, tmp_path
+):
+    allow(demo.tenant, "test__flaky")
+    client = Toolhub(server, demo.key)
+
+    call = client.invoke("test__flaky", _flaky_args(tmp_path, 50), idempotency_key="f-1")
+
+    assert call.ok is True and call.result["executions"] == 2
+    assert call.retry_of is not None  # the failed attempt, linked by toolhub
+
+
+def test_invoke_does_not_wait_past_its_bound_or_when_turned_off(server, demo, tmp_path):
+    allow(demo.tenant, "test__flaky")
+
+    huge = Toolhub(server, demo.key).invoke("test__flaky", _flaky_args(tmp_path, 10**9))
+    off = Toolhub(server, demo.key, max_retries=0).invoke(
+        "test__flaky", {**_flaky_args(tmp_path, 50), "token": "u"}
+    )
+
+    assert (huge.ok, huge.error_code, huge.retry_after_ms) == (False, "unavailable", 3_600_000)
+    assert (off.ok, off.error_code, off.retry_after_ms) == (False, "unavailable", 50)

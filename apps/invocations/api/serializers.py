@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from apps.invocations.models import ErrorCode, InvocationRecord, Status
@@ -25,12 +26,40 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         source="retry_after_ms",
         required=False,
         allow_null=True,
-        help_text="rate_limited: milliseconds from endedAt until a call would be admitted",
+        help_text="rate_limited: milliseconds from endedAt until a call would be admitted; "
+        "unavailable, timeout: the tool's hint of when to try again",
     )
     args = serializers.JSONField(required=False, allow_null=True, help_text="Redacted arguments")
     principal = serializers.CharField()
     connectionId = serializers.CharField(source="connection_id", required=False)
-    idempotencyKey = serializers.CharField(source="idempotency_key", required=False)
+    idempotencyKey = serializers.CharField(
+        source="idempotency_key",
+        required=False,
+        help_text="The caller's key, or the key the tool's strategy derived (auto:..., params:...)",
+    )
+    retryOf = serializers.UUIDField(
+        source="retry_of_id",
+        required=False,
+        help_text="The failed call this one retries (same idempotency key)",
+    )
+    attempt = serializers.IntegerField(
+        required=False, min_value=2, help_text="This call's number among its key's attempts"
+    )
+    retries = serializers.ListField(
+        child=inline_serializer(
+            "RunnerRetry",
+            {
+                "attempt": serializers.IntegerField(min_value=1),
+                "errorCode": serializers.CharField(help_text="unavailable or timeout"),
+                "safeMessage": serializers.CharField(),
+                "durationMs": serializers.IntegerField(min_value=0),
+                "waitMs": serializers.IntegerField(min_value=0),
+                "retryAfterMs": serializers.IntegerField(min_value=0, required=False),
+            },
+        ),
+        required=False,
+        help_text="The runner's own retries before the last attempt (unavailable, timeout)",
+    )
     policyRule = serializers.CharField(source="policy_rule", required=False)
     cacheHit = serializers.BooleanField(
         source="cache_hit",
@@ -66,6 +95,9 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "policyRule",
         "cacheHit",
         "hooks",
+        "retryOf",
+        "attempt",
+        "retries",
         "approvalId",
         "receipt",
     )
@@ -75,8 +107,8 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         fields = [
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
             "safeMessage", "retryAfterMs", "args", "principal", "connectionId", "idempotencyKey",
-            "policyRule", "cacheHit", "hooks", "createdAt", "startedAt", "endedAt", "durationMs",
-            "approvalId", "receipt",
+            "policyRule", "cacheHit", "hooks", "retryOf", "attempt", "retries", "createdAt",
+            "startedAt", "endedAt", "durationMs", "approvalId", "receipt",
         ]  # fmt: skip
 
     def get_approvalId(self, record: InvocationRecord) -> str | None:

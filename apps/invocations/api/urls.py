@@ -1,6 +1,6 @@
 from django.urls import path
 
-from apps.invocations.api import runs, simulations, streams, views, wire_views
+from apps.invocations.api import idempotency, runs, simulations, streams, views, wire_views
 
 urlpatterns = [
     path("invocations/", views.InvocationListView.as_view(), name="invocation-list"),
@@ -16,6 +16,11 @@ urlpatterns = [
     ),
     path("runs/", runs.RunListView.as_view(), name="run-list"),
     path("simulations/", simulations.SimulationView.as_view(), name="simulation"),
+    path(
+        "idempotency-keys/invalidate/",
+        idempotency.InvalidationView.as_view(),
+        name="idempotency-invalidate",
+    ),
     path("stream-tickets/", streams.StreamTicketView.as_view(), name="stream-ticket"),
     path(
         "wire/openai/tool-calls/",

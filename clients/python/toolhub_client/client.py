@@ -16,12 +16,22 @@ from toolhub_client.results import AnthropicBatch, Invocation, OpenAIBatch, Tool
 
 
 class ToolhubError(Exception):
-    """toolhub refused a request (4xx/5xx); `body` is its JSON answer."""
+    """toolhub refused a request (4xx/5xx); `body` is its JSON answer, `retry_after` its
+    Retry-After header in seconds (None without one)."""
 
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"toolhub answered {status}: {body}")
         self.status = status
         self.body = body
+        self.retry_after: float | None = None
+
+
+def _seconds(header: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (toolhub sends seconds; a date is ignored)."""
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
 
 
 def _plain(value: Any) -> Any:
@@ -34,17 +44,53 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class Toolhub:
-    """One tenant's agent: `base_url` like `http://127.0.0.1:8000`, an API key."""
+# The answers worth trying again after the wait toolhub names (retryAfterMs).
+RETRIED_CODES = ("rate_limited", "unavailable")
 
-    def __init__(self, base_url: str, api_key: str, timeout: float = 60) -> None:
+
+class Toolhub:
+    """One tenant's agent: `base_url` like `http://127.0.0.1:8000`, an API key.
+
+    Honours toolhub's hints of when to try again: a 429 or 503 answer's `Retry-After`, and
+    an invocation that ended `rate_limited` or `unavailable` with `retryAfterMs`. It tries
+    again at most `max_retries` times, and only when the hint is at most
+    `max_retry_wait` seconds; `max_retries=0` turns this off."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        timeout: float = 60,
+        *,
+        max_retries: int = 2,
+        max_retry_wait: float = 30.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        self.max_retries = max_retries
+        self.max_retry_wait = max_retry_wait
+
+    def _wait_for_hint(self, seconds: float | None, tried: int) -> bool:
+        """Sleep for a hint and answer True, or False if it is not to be followed."""
+        if seconds is None or tried >= self.max_retries or not 0 <= seconds <= self.max_retry_wait:
+            return False
+        time.sleep(seconds)
+        return True
 
     # ------------------------------------------------------------ HTTP
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
+        tried = 0
+        while True:
+            try:
+                return self._request_once(method, path, body)
+            except ToolhubError as exc:
+                if exc.status not in (429, 503) or not self._wait_for_hint(exc.retry_after, tried):
+                    raise
+                tried += 1
+
+    def _request_once(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(  # noqa: S310 - the caller chooses the base URL
             f"{self.base_url}{path}",
@@ -65,7 +111,41 @@ class Toolhub:
                 detail = json.loads(raw)
             except ValueError:
                 detail = raw.decode(errors="replace")
-            raise ToolhubError(exc.code, detail) from None
+            error = ToolhubError(exc.code, detail)
+            error.retry_after = _seconds(exc.headers.get("Retry-After"))
+            raise error from None
+
+    def invoke(
+        self,
+        tool_id: str,
+        args: dict[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+        tool_call_id: str | None = None,
+        connection_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Invocation:
+        """`POST /api/v1/invocations/`: runs one call and answers its record. A call that
+        ended `rate_limited` or `unavailable` with `retryAfterMs` is sent again after that
+        wait (see the class), with the same `idempotency_key`: a failed call does not hold
+        its key, so the retry runs, and toolhub links it to the failed one (`retryOf`)."""
+        body: dict[str, Any] = {"toolId": tool_id, "args": args or {}}
+        optional = {
+            "runId": run_id,
+            "toolCallId": tool_call_id,
+            "connectionId": connection_id,
+            "idempotencyKey": idempotency_key,
+        }
+        body.update((name, value) for name, value in optional.items() if value is not None)
+        tried = 0
+        while True:
+            answer = self._request("POST", "/api/v1/invocations/", body)
+            hint = answer.get("retryAfterMs")
+            retried = answer.get("ok") is False and answer.get("errorCode") in RETRIED_CODES
+            wait = hint / 1000 if retried and isinstance(hint, int) else None
+            if not self._wait_for_hint(wait, tried):
+                return Invocation.from_json(answer)
+            tried += 1
 
     def tools(self, format: str = "toolhub", run_id: str | None = None) -> list[dict[str, Any]]:
         """The catalog this key may use, as `toolhub` ToolSpecs or `openai`/`anthropic` tools;

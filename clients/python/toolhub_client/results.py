@@ -69,6 +69,8 @@ class Invocation:
     error_code: str | None = None
     safe_message: str | None = None
     approval_id: str | None = None
+    retry_after_ms: int | None = None
+    retry_of: str | None = None  # the failed call this one retried (same idempotency key)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Invocation:
@@ -83,6 +85,8 @@ class Invocation:
             error_code=data.get("errorCode"),
             safe_message=data.get("safeMessage"),
             approval_id=data.get("approvalId"),
+            retry_after_ms=data.get("retryAfterMs"),
+            retry_of=data.get("retryOf"),
         )
 
     def tool_result(self) -> ToolResult:
