@@ -207,20 +207,23 @@ def check_outcome(name: str, step: str, out: str, var: Path) -> None:
         else:
             assert answer == {"status": "ok", "checks": {"database": True, "channelLayer": True}}
         return
-    with sqlite3.connect(database) as db:
+    with sqlite3.connect(database) as connection:
+        cursor = connection.cursor()
         if name == "migrate":
-            assert db.execute("SELECT count(*) FROM django_migrations").fetchone()[0] > 0
-            tools = {row[0] for row in db.execute("SELECT id FROM tools_tool WHERE available")}
+            assert cursor.execute("SELECT count(*) FROM django_migrations").fetchone()[0] > 0
+            tools = {row[0] for row in cursor.execute("SELECT id FROM tools_tool WHERE available")}
             assert {"core__get_current_time", "test__echo"} <= tools, tools
         elif name == "createsuperuser":
-            row = db.execute(
+            row = cursor.execute(
                 "SELECT is_superuser, email FROM auth_user WHERE username = 'you'"
             ).fetchone()
             assert row == (1, "you@example.com")
         elif name == "create_tenant":
-            assert db.execute("SELECT 1 FROM tenants_tenant WHERE slug = 'northwind'").fetchone()
+            assert cursor.execute(
+                "SELECT 1 FROM tenants_tenant WHERE slug = 'northwind'"
+            ).fetchone()
         elif name == "create_staff":
-            row = db.execute(
+            row = cursor.execute(
                 "SELECT is_staff, is_superuser, email FROM auth_user WHERE username = 'nora'"
             ).fetchone()
             assert row == (1, 0, "nora@example.com")
