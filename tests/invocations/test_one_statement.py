@@ -77,6 +77,19 @@ def three_calls(agent: Agent, run_id: str) -> None:
     assert refused["errorCode"] == "validation"
 
 
+def not_seen_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: the call's look in the ledger (step 6) finds nothing, as if the first
+    call had not written its entry yet; the key is still computed and claimed later."""
+    look = runner.find_replay
+
+    def racing(call: runner.Call) -> Any:
+        with monkeypatch.context() as patch:
+            patch.setattr(runner.ledger, "find", lambda tenant, key: None)
+            return look(call)
+
+    monkeypatch.setattr(runner, "find_replay", racing)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_each_of_a_calls_writes_is_one_statement(agent: Agent) -> None:
     agent.invoke("core__get_current_time", runId="run-one")  # the run's row exists
@@ -130,7 +143,7 @@ def test_a_key_claimed_meanwhile_writes_nothing_and_answers_with_the_first_call(
     first = agent.invoke("core__planning_setup_plan", runId="run-k", args=PLAN, idempotencyKey="k")
     assert first.json()["ok"] is True
     before = left_behind(agent, "run-k")
-    monkeypatch.setattr(runner, "find_replay", lambda call: None)  # the race: not seen yet
+    not_seen_yet(monkeypatch)
 
     again = agent.invoke("core__planning_setup_plan", runId="run-k", args=PLAN, idempotencyKey="k")
 
@@ -173,7 +186,7 @@ def test_inside_a_callers_transaction_a_claimed_key_leaves_it_usable(
     """A call made inside a transaction of its caller's (a test's, a script's): the
     start's statement runs in a savepoint, so a claimed key fails only it."""
     first = agent.invoke("core__planning_setup_plan", runId="run-t", args=PLAN, idempotencyKey="t")
-    monkeypatch.setattr(runner, "find_replay", lambda call: None)
+    not_seen_yet(monkeypatch)
     with transaction.atomic():
         again = agent.invoke(
             "core__planning_setup_plan", runId="run-t", args=PLAN, idempotencyKey="t"
