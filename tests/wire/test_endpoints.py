@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.wire import MAX_BATCH_CALLS
+from apps.receipts import verification
 from tests.conftest import Agent
 from tests.support.deep_json import TOO_DEEP, deep_texts, logged_tracebacks
 from tests.wire.conftest import ANTHROPIC, OPENAI, assert_shape, fixture_names, load
@@ -32,10 +33,27 @@ def contents(response: Any) -> list[Any]:
 
 @pytest.mark.parametrize("name", fixture_names("openai"))
 def test_openai_answers_match_the_golden_fixture(wire_agent, name):
+    """The messages as API.md gives them, byte for byte in shape; beside them (issue 48) a
+    signed receipt for each call that ended, naming its tool call, which verifies."""
     fixture = load(name)
     response = post(wire_agent, OPENAI, fixture["request"])
     assert response.status_code == 200, response.json()
-    assert_shape(fixture["expected"], response.json())
+    body = response.json()
+    receipts = body.pop("receipts")
+    assert_shape(fixture["expected"], body)
+    ids = [m["tool_call_id"] for m in body["messages"]]
+    # Every recorded call that ended (a held one has no receipt until it ends; a call cut
+    # off by the stream never ran and has no record).
+    recorded = InvocationRecord.objects.filter(tool_call_id__in=ids).exclude(
+        status__in=[Status.PENDING_APPROVAL, Status.QUEUED, Status.RUNNING]
+    )
+    ended = [i for i in ids if i in set(recorded.values_list("tool_call_id", flat=True))]
+    assert ended, "no call of the fixture ended: nothing shows the receipts"
+    assert [r["toolCallId"] for r in receipts] == ended, body["messages"]
+    published = wire_agent.client.get("/.well-known/jwks.json").json()
+    for receipt in receipts:
+        signed = verification.verify(receipt["receipt"], published)
+        assert signed["invocationId"] == receipt["invocationId"], signed
 
 
 @pytest.mark.parametrize("name", fixture_names("anthropic"))
