@@ -18,7 +18,7 @@ from django.http.request import split_domain_port, validate_host
 
 from apps.oauth.bearer import key_for_credential
 from apps.oauth.resource import Refusal, resource_for
-from apps.tenants.models import ApiKey
+from apps.tenants.models import KEY_PREFIX, ApiKey
 
 
 class ApiKeyOrTicketMiddleware(BaseMiddleware):
@@ -42,13 +42,17 @@ class ApiKeyOrTicketMiddleware(BaseMiddleware):
 def _key(scope: dict[str, Any], raw: str) -> ApiKey | None:
     """An API key, or the key an OAuth access token acts through (apps.oauth); a refused
     credential is None, which the stream closes with 4403."""
-    if not allowed_host(scope):
-        # The resource (the audience a token must name) follows the Host: a name that is
-        # not this server's would let a token for another resource in.
+    if not raw.startswith(KEY_PREFIX) and not allowed_host(scope):
+        # An access token's resource (the audience it must name) follows the Host: a name
+        # that is not this server's would let a token for another resource in. An API
+        # key names no resource, so any Host does for it.
         return None
     host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
     try:
-        return key_for_credential(raw, resource_for(scope.get("scheme", "ws"), host))
+        resource = (
+            "" if raw.startswith(KEY_PREFIX) else resource_for(scope.get("scheme", "ws"), host)
+        )
+        return key_for_credential(raw, resource)
     except Refusal:
         return None
 
