@@ -95,8 +95,13 @@ def ran() -> dict[str, int]:
 
 
 def same(event: dict[str, Any]) -> dict[str, Any]:
-    """An event without what differs between two calls made alike (ids and times)."""
-    return {key: value for key, value in event.items() if key not in ("toolCallId", "expiresAt")}
+    """An event without what differs between two calls made alike (ids and times; the
+    receipt signs both)."""
+    return {
+        key: value
+        for key, value in event.items()
+        if key not in ("toolCallId", "expiresAt", "receipt")
+    }
 
 
 def ids(approvals: list[ApprovalRequest]) -> list[str]:
