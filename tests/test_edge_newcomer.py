@@ -18,7 +18,7 @@ import pytest
 from tests.support.processes import stop
 from tests.support.server import free_port
 
-pytestmark = [pytest.mark.server]
+pytestmark = [pytest.mark.server, pytest.mark.one_leg]
 
 ROOT = Path(__file__).resolve().parent.parent
 

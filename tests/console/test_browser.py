@@ -17,7 +17,7 @@ from tests.conftest import allow, make_agent
 from tests.support.http import api
 from tests.support.server import daphne
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 SERVER_ENV = {"TOOLHUB_EMBEDDED_WORKER": "1", "DJANGO_ALLOW_ASYNC_UNSAFE": ""}
 CHARTS = ("calls", "latency", "pending", "deniedTools", "deniedPrincipals")

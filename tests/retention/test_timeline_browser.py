@@ -19,7 +19,11 @@ from tests.retention.support import CLOCK, age, keep_for, prune
 from tests.support.http import api
 from tests.support.server import daphne
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_leg("postgresql"),
+]
 
 
 def test_the_timeline_of_a_pruned_run_resumes_after_the_pruned_events(

@@ -22,7 +22,11 @@ from tests.setup.conftest import PASSWORD, build_setting
 from tests.support.http import api
 from tests.support.server import daphne
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_leg("postgresql"),
+]
 
 SERVER_ENV = {"DJANGO_ALLOW_ASYNC_UNSAFE": ""}
 
