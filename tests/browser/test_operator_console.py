@@ -384,8 +384,9 @@ def test_the_overview_draws_counts_to_scale_and_only_real_tools(
         page = operator_page(new_context, base)
         log_in(page, "opal", "/console/overview/")
         page.wait_for_function(
-            "Chart.getChart('chart-latency')?.data.labels.length > 0"
-            " && Chart.getChart('chart-denied-tools')?.data.labels.length > 0"
+            # Chart.js is a deferred script: before it runs, `Chart` is not yet defined
+            "window.Chart?.getChart('chart-latency')?.data.labels.length > 0"
+            " && window.Chart.getChart('chart-denied-tools')?.data.labels.length > 0"
         )
         latency_tools = page.evaluate("Chart.getChart('chart-latency').data.labels")
         denied_axis_max = page.evaluate("Chart.getChart('chart-denied-tools').scales.x.max")
