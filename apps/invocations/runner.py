@@ -102,6 +102,7 @@ from apps.tools.contracts import (
     ToolError,
     ToolOutput,
     ToolParams,
+    ToolRateLimited,
     ToolResultTooLarge,
     ToolTimedOut,
     ToolUnavailable,
@@ -131,6 +132,9 @@ class Refusal(Exception):
         # rate_limited, lingering threads' unavailable, and unavailable and timeout when
         # the tool gave a hint (ToolError)
         self.retry_after_ms = retry_after_ms
+        # Raised by the tool (ToolRateLimited), not by a step of the runner: a tool's
+        # rate_limited is retried as unavailable is (a concurrency limit's is not).
+        self.by_tool = False
 
 
 @dataclass
@@ -1576,7 +1580,10 @@ def _retry_wait(call: Call, refusal: Refusal, attempt: int) -> int | None:
     """How long to wait before trying again, or None: not retried."""
     assert call.tool is not None
     retries = call.tool.retries
-    if refusal.code not in RETRIED or attempt > retries.attempts:
+    retried = refusal.code in RETRIED or (
+        refusal.code == ErrorCode.RATE_LIMITED and refusal.by_tool
+    )
+    if not retried or attempt > retries.attempts:
         return None
     # EXACTLY_ONCE: an external side effect's attempt that timed out may have happened.
     # Only a call with an idempotency key, which every attempt passes on
@@ -1712,6 +1719,10 @@ def execute(call: Call, capabilities: Capabilities, slot: concurrency.Slot | Non
         raise Refusal(
             ErrorCode.UNAVAILABLE, exc.safe_message[:1000], retry_after_ms=_hint(exc)
         ) from None
+    except ToolRateLimited as exc:
+        refused = Refusal(ErrorCode.RATE_LIMITED, exc.safe_message[:1000], _hint(exc))
+        refused.by_tool = True  # the tool's provider said it (retried like unavailable)
+        raise refused from None
     except ToolResultTooLarge as exc:
         raise Refusal(ErrorCode.RESULT_TOO_LARGE, exc.safe_message[:1000]) from None
     except ToolError as exc:

@@ -42,6 +42,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -51,6 +52,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import anyio
@@ -95,6 +98,22 @@ class ServerTimeout(Exception):
 
 class AnswerTooLarge(RemoteError):
     """The server's answer to this request passed MAX_MESSAGE_BYTES; it was not read whole."""
+
+
+class ServerBusy(Exception):
+    """The server answered a call with HTTP 429 or 503, or with a JSON-RPC error whose
+    data carries `retryAfterMs`: it is alive but will not serve this call now.
+    `retry_after_ms` is its hint (parse_retry_after), or None."""
+
+    def __init__(self, reason: str, status: int | None, retry_after_ms: int | None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.retry_after_ms = retry_after_ms
+
+
+class CallCancelled(Exception):
+    """The caller's call was cancelled: the request was abandoned (the SDK sends the
+    server `notifications/cancelled` for it, or closes its POST on the 2026 wire)."""
 
 
 class _SessionGone(Exception):
@@ -176,6 +195,7 @@ class _Attempt:
 
     http_error: int | None = None
     session_gone: bool = False
+    retry_after: str | None = None  # the Retry-After header of a 429 or 503
 
 
 _current_attempt: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
@@ -293,6 +313,8 @@ class _Session:
         attempt = _current_attempt.get()
         if attempt is not None:
             attempt.http_error = status
+            if status in BUSY:
+                attempt.retry_after = response.headers.get("retry-after")
         if status in (400, 404) and _SESSION_HEADER in response.request.headers:
             logger.info("MCP server %s answered %d for its session", self.endpoint.server, status)
             self.retire()
@@ -475,6 +497,59 @@ class _StderrTail:
         self._stop_reading()
 
 
+# HTTP statuses that mean "not now": rate limited, or unavailable for a while.
+BUSY = (429, 503)
+# A hint is capped at an hour (the runner's MAX_RETRY_AFTER_MS): a larger one is no
+# promise a caller should plan on.
+MAX_RETRY_AFTER_MS = 3_600_000
+_DELAY_SECONDS = re.compile(r"\d+")
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> int | None:
+    """A Retry-After header (RFC 9110 10.2.3: delay-seconds or an HTTP-date) in ms, capped
+    at MAX_RETRY_AFTER_MS; a date already past is 0. None when absent or malformed
+    (a negative number, a fraction, words, a date without a zone): ignored."""
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELAY_SECONDS.fullmatch(value):
+        seconds = int(value) if len(value) <= 10 else MAX_RETRY_AFTER_MS  # more: an age
+        return min(seconds * 1000, MAX_RETRY_AFTER_MS)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    left = (when - (now or datetime.now(UTC))).total_seconds()
+    return int(min(max(left, 0) * 1000, MAX_RETRY_AFTER_MS))
+
+
+def _hinted_ms(data: Any) -> int | None:
+    """`retryAfterMs` of a JSON-RPC error's data: a finite number >= 0, capped."""
+    hint = data.get("retryAfterMs") if isinstance(data, dict) else None
+    if isinstance(hint, bool) or not isinstance(hint, int | float) or not 0 <= hint < math.inf:
+        return None
+    return int(min(hint, MAX_RETRY_AFTER_MS))
+
+
+def _busy(exc: MCPError, attempt: _Attempt) -> ServerBusy | None:
+    """The call's failure as ServerBusy when the server said "not now" (see ServerBusy)."""
+    if attempt.http_error in BUSY:
+        status = attempt.http_error
+        reason = "rate limited" if status == 429 else "temporarily unavailable"
+        return ServerBusy(
+            f"the server is {reason} (HTTP {status})",
+            status,
+            parse_retry_after(attempt.retry_after),
+        )
+    if attempt.http_error is None:
+        hint = _hinted_ms(exc.data)
+        if hint is not None:
+            return ServerBusy(exc.message[:500], None, hint)
+    return None
+
+
 def _describe(exc: BaseException) -> str:
     """A short, value-free reason: the exception type, and its text for our own errors."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -594,6 +669,9 @@ class Pool:
             if isinstance(exc, MCPError):
                 if TOO_LARGE in exc.message or _SDK_EVENT_TOO_LARGE in exc.message:
                     raise AnswerTooLarge(TOO_LARGE) from None  # only this call's answer: no drop
+                busy = _busy(exc, attempt)
+                if busy is not None:
+                    raise busy from None  # the server is alive: no drop
                 if exc.code != CONNECTION_CLOSED or attempt.http_error is not None:
                     raise RemoteError(exc.message[:500]) from None
                 await self._drop(live)
@@ -686,8 +764,10 @@ class Pool:
                 return future.result(timeout=0.1)
             except FutureTimeout:
                 if cancelled():
-                    future.cancel()  # the task is cancelled: the session is pinged
-                    raise ServerTimeout from None
+                    # The task is cancelled: the SDK tells the server (notifications/
+                    # cancelled, or the request's POST closed) and the session is pinged.
+                    future.cancel()
+                    raise CallCancelled from None
 
     async def _bounded(
         self,

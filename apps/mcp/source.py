@@ -30,8 +30,10 @@ from apps.mcp.models import (
 from apps.mcp.schemas import compile_params, declared_names
 from apps.mcp.sessions import (
     AnswerTooLarge,
+    CallCancelled,
     Endpoint,
     RemoteError,
+    ServerBusy,
     ServerTimeout,
     ServerUnavailable,
     pool,
@@ -41,11 +43,13 @@ from apps.tools.capabilities import Capabilities
 from apps.tools.contracts import (
     Execute,
     Redaction,
+    ToolCancelled,
     ToolContext,
     ToolContract,
     ToolError,
     ToolOutput,
     ToolParams,
+    ToolRateLimited,
     ToolResultTooLarge,
     ToolTimedOut,
     ToolUnavailable,
@@ -267,6 +271,15 @@ def _executor(
             ) from None
         except ServerTimeout:
             raise ToolTimedOut(f"The MCP server {server.name} did not answer in time.") from None
+        except CallCancelled:
+            raise ToolCancelled() from None
+        except ServerBusy as exc:
+            # 429: rate_limited; 503 or an error hinting retryAfterMs: unavailable. The
+            # hint (Retry-After, capped) becomes the call's retryAfterMs.
+            busy = ToolRateLimited if exc.status == 429 else ToolUnavailable
+            raise busy(
+                f"The MCP server {server.name} is busy: {exc}"[:1000], exc.retry_after_ms
+            ) from None
         except AnswerTooLarge as exc:
             raise ToolResultTooLarge(f"{server.name}/{remote_name}: {exc}.") from None
         except RemoteError as exc:

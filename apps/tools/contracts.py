@@ -66,6 +66,11 @@ class ToolUnavailable(ToolError):
     the call ends as `unavailable`, not as a tool failure."""
 
 
+class ToolRateLimited(ToolError):
+    """Raised by a tool whose provider refused the call for now (a remote server's HTTP
+    429): the call ends as `rate_limited`, with the provider's hint as `retryAfterMs`."""
+
+
 class ToolTimedOut(ToolError):
     """Raised by a tool whose provider did not answer within the call's deadline (a remote
     server's own wait, bounded by `ctx.time_left()`): the call ends as `timeout`, the same
