@@ -106,6 +106,7 @@ def test_a_cancelled_call_is_cancelled_upstream_and_ends_cancelled(
     record = None
     while record is None and time.monotonic() < deadline:
         record = InvocationRecord.objects.filter(run_id=tag, status="running").first()
+        time.sleep(0.02)  # recorded once the call outlives the quick path
     assert record is not None
     canceller = APIClient()
     canceller.credentials(HTTP_AUTHORIZATION=f"Bearer {agent.key}")
@@ -146,15 +147,19 @@ def flaky(agent: Agent, key: str, **args: Any) -> Any:
     return agent.invoke("mcp__busy__flaky", args={"key": key, **args}, idempotencyKey=f"idem-{key}")
 
 
-def test_a_503_with_retry_after_is_retried_once_the_server_said(http_url, control_log):
+@pytest.mark.parametrize(("status", "code"), [(503, "unavailable"), (429, "rate_limited")])
+def test_a_busy_answer_with_retry_after_is_retried_once_the_server_said(
+    http_url, control_log, status, code
+):
     agent = added("busy", "http", http_url, control_log)
     retrying("mcp__busy__flaky", 2)
-    body = flaky(agent, "once", fails=1, status=503, retry_after="1").json()
+    key = f"once {status}"
+    body = flaky(agent, key, fails=1, status=status, retry_after="1").json()
     assert body["ok"] is True, body
-    assert body["result"]["structuredContent"] == {"result": "served once"}
+    assert body["result"]["structuredContent"] == {"result": f"served {key}"}
     record = InvocationRecord.objects.get(pk=body["invocationId"])
     (tried,) = record.retries
-    assert (tried["errorCode"], tried["retryAfterMs"]) == ("unavailable", 1000), tried
+    assert (tried["errorCode"], tried["retryAfterMs"]) == (code, 1000), tried
     assert tried["waitMs"] >= 1000  # the server's hint, not the 10 ms backoff
 
 
