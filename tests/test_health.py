@@ -1,9 +1,28 @@
-"""Liveness and readiness probes answer without credentials."""
+"""Liveness and readiness probes (toolhub/health.py): answered without credentials,
+in front of Django, and while the server drains; the close codes Daphne can send."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from typing import Any
+
 import pytest
 from django.test import Client
+
+from tests.support.server import free_port
+from toolhub import draining, health
+from toolhub.daphne_frames import daphne_close_code
+from toolhub.health import GRACE_S, Check, HealthProbes, Readiness
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> Readiness:
+    """The process's checks, started afresh for the test's settings."""
+    readiness = Readiness()
+    monkeypatch.setattr(health, "readiness", readiness)
+    return readiness
 
 
 def test_healthz_answers_ok_without_authentication():
@@ -19,7 +38,7 @@ def test_healthz_does_not_touch_the_database():
 
 
 @pytest.mark.django_db
-def test_readyz_reports_the_database_and_channel_layer_reachable():
+def test_readyz_reports_the_database_and_channel_layer_reachable(fresh_checks):
     response = Client().get("/readyz")
     assert response.status_code == 200, response.content
     assert response.json() == {
@@ -29,28 +48,135 @@ def test_readyz_reports_the_database_and_channel_layer_reachable():
 
 
 @pytest.mark.django_db
-def test_readyz_is_503_when_the_channel_layer_is_unreachable(settings):
-    from channels.layers import channel_layers
-
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.test_health.BrokenLayer"}}
-    channel_layers.backends.clear()
-    try:
-        response = Client().get("/readyz")
-    finally:
-        channel_layers.backends.clear()
+def test_readyz_is_503_when_the_channel_layers_redis_is_not_there(settings, fresh_checks):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "toolhub.layers.RedisLayer",
+            "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{free_port()}/0"}]},
+        }
+    }
+    response = Client().get("/readyz")
     assert response.status_code == 503
-    body = response.json()
-    assert body["status"] == "unavailable"
-    assert body["checks"] == {"database": True, "channelLayer": False}
+    assert response.json() == {
+        "status": "unavailable",
+        "checks": {"database": True, "channelLayer": False},
+    }
 
 
-class BrokenLayer:
-    """A channel layer whose backing service is down."""
+# ------------------------------------------------------------ in front of Django
 
-    extensions: list[str] = []
 
-    def __init__(self, **kwargs: object) -> None:
-        pass
+async def asgi_get(path: str, host: bytes = b"testserver") -> tuple[int, Any]:
+    passed: list[str] = []
 
-    async def new_channel(self, prefix: str = "specific.") -> str:
-        raise ConnectionError("redis is down")
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        passed.append(scope["path"])
+        await send({"type": "http.response.start", "status": 299, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"host", host)]}
+    await HealthProbes(app)(scope, receive, send)
+    assert passed == ([] if path in HealthProbes.PATHS else [path])
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_probes_are_answered_before_django_and_other_paths_pass(fresh_checks):
+    assert await asgi_get("/healthz") == (200, {"status": "ok"})
+    ready = {"status": "ok", "checks": {"database": True, "channelLayer": True}}
+    assert await asgi_get("/readyz") == (200, ready)
+    assert await asgi_get("/api/v1/tools/") == (299, {})
+
+
+async def test_a_probe_with_a_host_not_allowed_is_refused_as_django_would():
+    assert await asgi_get("/healthz", host=b"evil.example") == (
+        400,
+        {"detail": "Invalid Host header."},
+    )
+
+
+async def test_while_draining_healthz_is_200_and_readyz_503(monkeypatch, fresh_checks):
+    monkeypatch.setattr(draining, "_stopping", True)
+    assert await asgi_get("/healthz") == (200, {"status": "ok"})
+    assert await asgi_get("/readyz") == (503, {"status": "draining", "checks": {}})
+
+
+# ------------------------------------------------------------ the checks' rules
+
+
+def ran(check: Check) -> None:
+    done = threading.Event()
+    check.wanted(done.set)
+    assert done.wait(5)
+
+
+def test_a_check_that_fails_is_down_at_once_and_a_timeout_only_after_the_grace():
+    outcome: dict[str, BaseException | None] = {"raise": None}
+
+    def probe() -> None:
+        if outcome["raise"] is not None:
+            raise outcome["raise"]
+
+    check = Check("dep", probe)
+    ran(check)
+    assert check.up(time.monotonic())
+    outcome["raise"] = TimeoutError("slow")
+    ran(check)
+    now = time.monotonic()
+    assert check.up(now), "a timeout within the grace keeps the last success"
+    assert not check.up(now + GRACE_S)
+    outcome["raise"] = ConnectionRefusedError("refused")
+    ran(check)
+    assert not check.up(time.monotonic())
+    outcome["raise"] = None
+    ran(check)
+    assert check.up(time.monotonic())
+
+
+def test_a_check_that_hangs_past_its_timeout_counts_as_timed_out():
+    release = threading.Event()
+    calls = []
+
+    def probe() -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            release.wait(10)
+
+    check = Check("dep", probe)
+    ran(check)
+    check.wanted()
+    while check.running_since is None:
+        time.sleep(0.005)
+    later = check.running_since + health.CHECK_TIMEOUT_S + 0.01
+    assert check.up(later)  # within the grace of the last success
+    assert not check.up(later + GRACE_S)
+    release.set()
+
+
+def test_a_check_that_never_ran_is_down():
+    assert not Check("dep", lambda: None).up(time.monotonic())
+
+
+# ------------------------------------------------------------ close codes Daphne sends
+
+
+def test_every_close_code_is_mapped_into_what_daphne_sends():
+    for code in range(6000):
+        mapped = daphne_close_code(code)
+        assert mapped == 1000 or 3000 <= mapped <= 4999, (code, mapped)
+    assert [daphne_close_code(c) for c in (None, 1000, 1008, 1011, 1012, 4403)] == [
+        None,
+        1000,
+        4008,
+        4011,
+        4012,
+        4403,
+    ]

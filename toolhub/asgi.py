@@ -11,7 +11,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from toolhub.daphne_frames import install_daphne_frames  # noqa: E402
-from toolhub.draining import Draining, install_daphne_drain  # noqa: E402
+from toolhub.draining import (  # noqa: E402
+    Draining,
+    install_daphne_drain,
+    refusing_streams_when_stopping,
+)
+from toolhub.health import HealthProbes  # noqa: E402
 from toolhub.limits import (  # noqa: E402
     ASGIApp,
     BodyLimitMiddleware,
@@ -51,15 +56,19 @@ def remembering_the_loop(app: ASGIApp) -> ASGIApp:
 
 
 # A stopping server finishes its requests and refuses new ones (toolhub/draining.py).
-draining = Draining(remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app))))
+# /healthz and /readyz are answered before Django, while draining too (toolhub/health.py).
+draining = Draining(
+    HealthProbes(remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app)))),
+    open_while_stopping=HealthProbes.PATHS,
+)
 install_daphne_drain(draining)
 
 application = ProtocolTypeRouter(
     {
         # The body limit covers /mcp/ as every other path.
         "http": draining,
-        "websocket": AllowedHostsBrowserOriginValidator(
-            WebSocketAuthStack(URLRouter(websocket_urlpatterns))
+        "websocket": refusing_streams_when_stopping(
+            AllowedHostsBrowserOriginValidator(WebSocketAuthStack(URLRouter(websocket_urlpatterns)))
         ),
     }
 )

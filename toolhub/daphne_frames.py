@@ -25,10 +25,20 @@ A feed hands a subscriber a quick call's start and result together; sent at once
 would be two packets for the client to read. Inside `send_batches.together()` a socket's
 frames are held in Twisted's own buffer (without registering the socket) and sent joined
 when the stretch ends, so whatever else is written meanwhile queues behind them.
+
+Closing: autobahn sends only 1000 and 3000-4999 (RFC 6455's codes for applications);
+Daphne handed it a consumer's 1011 as given, and autobahn raised "invalid close code
+1011" (a traceback, and no close frame for the client). `serverClose` maps such a code
+into the private range (`daphne_close_code`: 1001-1015 to 4001-4015, as 1008 is 4008).
+And the protocols open in this process are known (`open_streams`), so that a stopping
+server can close each with a code and a reason before Daphne cancels their consumers
+(`close_streams`, toolhub/draining.py): the reactor's end drops every connection
+without one, which clients saw as 1006.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from autobahn.websocket.protocol import PreparedMessage
@@ -69,8 +79,46 @@ def text_frame(payload: bytes) -> bytes:
     return PreparedMessage(payload, isBinary=False, applyMask=False, doNotCompress=True).payloadHybi
 
 
+def daphne_close_code(code: int | None) -> int | None:
+    """`code`, or the code in 4000-4999 that stands for it when autobahn would refuse it."""
+    if code is None or code == 1000 or 3000 <= code <= 4999:
+        return code
+    if 1001 <= code <= 1015:
+        return 3000 + code
+    return 4011  # anything else: the server's failure (1011's private twin)
+
+
+# WebSocket protocols open in this process (handshake done, not yet closed).
+open_streams: set[FramingWebSocketProtocol] = set()
+_all_closed: list[asyncio.Future[None]] = []
+
+
 class FramingWebSocketProtocol(WebSocketProtocol):
     factory: FramingWebSocketFactory
+
+    def onOpen(self) -> None:
+        open_streams.add(self)
+        super().onOpen()
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        open_streams.discard(self)
+        if not open_streams:
+            for waiting in _all_closed:
+                if not waiting.done():
+                    waiting.set_result(None)
+            _all_closed.clear()
+        super().onClose(wasClean, code, reason)
+
+    def handle_reply(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "websocket.close" and self.state != self.STATE_CONNECTING:
+            # Daphne's own drops the reason; autobahn sends it (at most 123 bytes).
+            reason = message.get("reason") or None
+            self.sendClose(code=daphne_close_code(message.get("code")) or 1000, reason=reason)
+            return
+        super().handle_reply(message)
+
+    def serverClose(self, code: int | None = None) -> None:
+        super().serverClose(code=daphne_close_code(code))
 
     def serverSend(self, content: Any, binary: bool = False) -> None:
         if binary or not self._plain_text_frames():
@@ -160,6 +208,20 @@ class FramingWebSocketFactory(WebSocketFactory):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.frames = FrameCache()
+
+
+def close_streams(code: int, reason: str) -> asyncio.Future[None]:
+    """Send every open stream a close frame with `code` and `reason`; done once each has
+    closed (its client answered the close, or autobahn's close timeout dropped it)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if not open_streams:
+        done.set_result(None)
+        return done
+    _all_closed.append(done)
+    for protocol in list(open_streams):
+        if protocol.state == protocol.STATE_OPEN:
+            protocol.sendClose(code=code, reason=reason)
+    return done
 
 
 def install_daphne_frames() -> None:

@@ -18,12 +18,20 @@ the load balancer sends it elsewhere and no new work starts on a loop about to s
 A request that only waits, on the loop, for something to happen (an MCP event stream, an
 MCP `tasks/result` waiting for a held call's decision) would hold the stop for as long as
 its client stays. Such waits end when the server stops (`on_stop`, `is_stopping`): the
-stream is closed, as Daphne closes WebSockets, and its client reconnects elsewhere.
+stream is closed and its client reconnects elsewhere.
+
+WebSocket streams get a close frame first: code 4012 (CLOSE_RESTARTING, the private
+twin of 1012 "service restart", which Daphne cannot send) and a reason saying to
+reconnect elsewhere; the stop waits for them to close (at most CLOSE_WAIT_S) before
+the reactor drops what is left. A stream opened meanwhile is closed the same way.
+`/healthz` and `/readyz` are still answered (toolhub/health.py): 200, and 503 from the
+moment the stop began.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +39,9 @@ from typing import Any
 from toolhub.limits import ASGIApp, Receive, Scope, Send, send_json
 
 RETRY_AFTER_S = 1
+CLOSE_RESTARTING = 4012
+RESTART_REASON = "server restarting: reconnect, to another server, with ?after=<last seq>"
+CLOSE_WAIT_S = 5.0  # how long a stop waits for its streams to close
 
 _stopping = False  # this process's server has begun to stop
 _on_stop: set[Callable[[], Awaitable[None] | None]] = set()
@@ -61,8 +72,11 @@ _REFUSED = json.dumps(
 
 
 class Draining:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, open_while_stopping: tuple[str, ...] = ()) -> None:
+        """`open_while_stopping`: paths `app` still answers once the stop began (the
+        health probes), served and waited for as any other request."""
         self.app = app
+        self.open_while_stopping = open_while_stopping
         self.serving = 0
         self._drained: asyncio.Future[None] | None = None
 
@@ -83,7 +97,7 @@ class Draining:
         return asyncio.gather(self._drained, *waits) if waits else self._drained
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if _stopping:
+        if _stopping and scope.get("path") not in self.open_while_stopping:
             await refuse(send)
             return
         self.serving += 1
@@ -105,6 +119,23 @@ class Draining:
                 self._drained.set_result(None)
 
 
+async def refuse_stream(receive: Receive, send: Send) -> None:
+    """A WebSocket opened while the server stops: accepted, then closed as the open ones."""
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": CLOSE_RESTARTING, "reason": RESTART_REASON})
+
+
+def refusing_streams_when_stopping(app: ASGIApp) -> ASGIApp:
+    async def streams(scope: Scope, receive: Receive, send: Send) -> None:
+        if _stopping:
+            await refuse_stream(receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return streams
+
+
 async def refuse(send: Send) -> None:
     await send_json(send, 503, _REFUSED, ((b"retry-after", str(RETRY_AFTER_S).encode()),))
 
@@ -120,8 +151,18 @@ def install_daphne_drain(draining: Draining) -> None:
         return
     from twisted.internet import defer, reactor
 
+    from toolhub.daphne_frames import close_streams
+
+    async def stopped(drained: Awaitable[Any], closed: asyncio.Future[None]) -> None:
+        with contextlib.suppress(TimeoutError):  # the reactor drops what is left
+            await asyncio.wait_for(asyncio.shield(closed), CLOSE_WAIT_S)
+        await drained
+
     def stopping() -> Any:
-        return defer.Deferred.fromFuture(draining.stop())  # Twisted waits for it
+        # Runs before Daphne cancels the consumers; Twisted waits for what it returns.
+        drained = draining.stop()
+        closed = close_streams(CLOSE_RESTARTING, RESTART_REASON)
+        return defer.Deferred.fromFuture(asyncio.ensure_future(stopped(drained, closed)))
 
     trigger: Any = reactor
     trigger.addSystemEventTrigger("before", "shutdown", stopping)

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from apps.invocations.requests import Identifier
 from apps.tenants.models import Tenant
 from toolhub import json_input
+from toolhub.draining import CLOSE_RESTARTING as CLOSE_RESTARTING  # the server stops: 4012
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ CLOSE_NOT_FOUND = 4404
 # A replay from a seq whose next events retention pruned (apps/retention/gone.py): 410.
 CLOSE_GONE = 4410
 CLOSE_TOO_SLOW = 4008
-CLOSE_INTERNAL = 1011
+# The server failed the stream: 1011's twin in the range Daphne sends (toolhub/daphne_frames.py).
+CLOSE_INTERNAL = 4011
 # Streams receive through this process's feeds (apps.invocations.fanout), so they
 # need no channel of their own: an alias absent from CHANNEL_LAYERS gives them none.
 NO_CHANNEL = "toolhub.no-channel"

@@ -109,6 +109,7 @@ def test_the_documented_close_codes_are_the_ones_the_streams_send():
         streams.CLOSE_NOT_FOUND,
         streams.CLOSE_TOO_SLOW,
         streams.CLOSE_INTERNAL,
+        streams.CLOSE_RESTARTING,
         settings.TOOLHUB_WS_CLOSE_TOO_MANY,
     }
 
@@ -147,7 +148,7 @@ def test_a_developer_finds_the_protocol_from_the_api_docs(caller):
     html = page.content.decode()
     for name in ("tool_call_start", "tool_call_result", "approval_required", "approval_decided"):
         assert f'id="message-{MESSAGE_KEYS[name]}"' in html
-    for code in (4400, 4403, 4404, 4429, 4008, 1011):
+    for code in (4400, 4403, 4404, 4429, 4008, 4011, 4012):
         assert f'id="close-{code}"' in html
     assert "/ws/v1/runs/{runId}/" in html and "?after=" in html
     assert "https://" not in html.replace("https://toolhub.example.com", "")

@@ -506,7 +506,7 @@ def refusing_layer():
     channel_layers.set(DEFAULT_CHANNEL_LAYER, previous)
 
 
-async def test_a_stream_that_cannot_subscribe_is_closed_with_1011_and_frees_its_slot(
+async def test_a_stream_that_cannot_subscribe_is_closed_with_4011_and_frees_its_slot(
     acme, refusing_layer, settings, caplog
 ):
     settings.TOOLHUB_WS_MAX_PER_PRINCIPAL = 1
@@ -518,7 +518,7 @@ async def test_a_stream_that_cannot_subscribe_is_closed_with_1011_and_frees_its_
         )
         connected, _ = await stream.connect()
         assert connected
-        assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 1011}
+        assert await stream.receive_output(timeout=5) == {"type": "websocket.close", "code": 4011}
         await stream.disconnect()
     assert "could not subscribe to live events" in caplog.text
 
