@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,11 +19,12 @@ from toolhub.health import GRACE_S, Check, HealthProbes, Readiness
 
 
 @pytest.fixture
-def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> Readiness:
-    """The process's checks, started afresh for the test's settings."""
+def fresh_checks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Readiness]:
+    """The process's checks, started afresh for the test's settings, stopped after."""
     readiness = Readiness()
     monkeypatch.setattr(health, "readiness", readiness)
-    return readiness
+    yield readiness
+    readiness.stop()
 
 
 def test_healthz_answers_ok_without_authentication():

@@ -78,6 +78,7 @@ class Check:
         self._lock = threading.Lock()
         self._waiters: list[Callable[[], object]] = []
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     def wanted(self, on_done: Callable[[], object] | None = None) -> int:
         """Ask for a check; `on_done` is called (on the check's thread) once a check that
@@ -111,13 +112,23 @@ class Check:
             last.timed_out and self.last_ok_at is not None and now - self.last_ok_at < GRACE_S
         )
 
+    def stop(self) -> None:
+        """End the thread, closing the probe's connection (a test's database is dropped
+        after it only once nothing is connected)."""
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(CHECK_TIMEOUT_S * 3)
+
     def _run(self) -> None:
-        while True:
+        while not self._stopped:
             self._wake.wait(CHECK_EVERY_S)
             self._wake.clear()
             if time.monotonic() - self._asked_at > IDLE_AFTER_S:
                 self._wake.wait()  # nobody probes: sleep until someone does
                 self._wake.clear()
+            if self._stopped:
+                break
             with self._lock:
                 waiters, self._waiters = self._waiters, []
             self.running_since = time.monotonic()
@@ -135,6 +146,8 @@ class Check:
                 self.rounds += 1
             for done in waiters:
                 done()
+        if (close := getattr(self.probe, "close", None)) is not None:
+            close()
 
 
 class DatabaseProbe:
@@ -219,6 +232,12 @@ class ChannelLayerProbe:
         except redis.TimeoutError as exc:
             raise TimeoutError(str(exc)) from exc
 
+    def close(self) -> None:
+        clients, self.clients = self.clients or [], None
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+
 
 def _redis_addresses() -> list[str]:
     layer: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
@@ -271,6 +290,10 @@ class Readiness:
             if not done.wait(max(0.0, deadline - time.monotonic())) and check.stale(deadline):
                 done.wait(STALE_WAIT_S)
         return self._answer()
+
+    def stop(self) -> None:
+        for check in self.checks.values():
+            check.stop()
 
     def _answer(self) -> dict[str, bool]:
         now = time.monotonic()
