@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "apps.planning",
     "apps.mcp",
     "apps.retention",
+    "oauth2_provider",
     "apps.oauth",
     "apps.receipts",
     "apps.audit",
@@ -505,6 +506,47 @@ if not re.fullmatch(r"[\x21\x23-\x5b\x5d-\x7e]+", TOOLHUB_OAUTH_SCOPE):
     raise ImproperlyConfigured(
         f"TOOLHUB_OAUTH_SCOPE must be one scope token; got {TOOLHUB_OAUTH_SCOPE!r}"
     )
+# toolhub's own OAuth authorization server (apps/oauth/server.py, django-oauth-toolkit):
+# MCP clients register (RFC 7591, client ID metadata documents), a tenant admin consents
+# to a principal, the client gets tokens for /mcp/ and the run streams only. Off unless
+# TOOLHUB_OAUTH_SERVER=1 (scripts/run turns it on for the demo).
+TOOLHUB_OAUTH_SERVER = env_bool("TOOLHUB_OAUTH_SERVER", default=False)
+TOOLHUB_OAUTH_TOKEN_TTL_S = env_int("TOOLHUB_OAUTH_TOKEN_TTL_S", 3600, minimum=60, maximum=86400)
+# Named so that migrations referring to the toolkit's (swappable) models resolve.
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
+OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"  # noqa: S105
+OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"  # noqa: S105
+OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
+OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"  # noqa: S105
+OAUTH2_PROVIDER = {
+    "SCOPES": {TOOLHUB_OAUTH_SCOPE: "Use the principal's tools on /mcp/ and the run streams"},
+    "DEFAULT_SCOPES": [TOOLHUB_OAUTH_SCOPE],
+    "PKCE_REQUIRED": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,  # S256 only: plain is refused
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,  # tokens kept as checksums only
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": TOOLHUB_OAUTH_TOKEN_TTL_S,
+    "REFRESH_TOKEN_EXPIRE_SECONDS": 30 * 24 * 3600,
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    "ACCESS_TOKEN_GENERATOR": "apps.oauth.server.access_token",
+    "REFRESH_TOKEN_GENERATOR": "apps.oauth.server.refresh_token",
+    "OAUTH2_VALIDATOR_CLASS": "apps.oauth.server.Validator",
+    "DCR_ENABLED": True,  # these endpoints answer 404 while TOOLHUB_OAUTH_SERVER is off
+    # Anyone may register a client: a client gets nothing until a tenant admin consents.
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth2_provider.dcr.AllowAllDCRPermission",),
+    "CIMD_ENABLED": True,
+    "CIMD_METADATA_FETCHER": "apps.oauth.server.GuardedMetadataFetcher",
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": [
+        "none",
+        "client_secret_post",
+        "client_secret_basic",
+    ],
+}
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",

@@ -41,6 +41,7 @@ urlpatterns = [
     path("api/docs/websockets/", websocket_docs.websocket_protocol, name="api-websockets"),
     path("api/docs/asyncapi.yaml", websocket_docs.asyncapi_yaml, name="api-asyncapi"),
     path(".well-known/", include("apps.oauth.urls")),
+    path("oauth/", include("apps.oauth.server_urls")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),

@@ -7,11 +7,17 @@ from rest_framework import exceptions
 from rest_framework.authentication import get_authorization_header
 from rest_framework.request import Request
 
+from apps.oauth import server
 from apps.oauth.bearer import MISSING, key_for_credential
 from apps.oauth.resource import Refusal, challenge, resource_for
 from apps.tenants.authentication import ApiKeyAuthentication
 from apps.tenants.callers import ApiPrincipal
 from apps.tenants.models import ApiKey
+
+NOT_HERE = (
+    "toolhub's OAuth access tokens work on /mcp/ and the run streams only, not on the REST "
+    "API: use an API key here."
+)
 
 
 class BearerRefused(exceptions.APIException):
@@ -34,6 +40,10 @@ class BearerAuthentication(ApiKeyAuthentication):
                 "Malformed Authorization header: use 'Bearer <key>'."
             )
         resource = _resource(request)
+        if parts[1].startswith(server.ACCESS_PREFIX):
+            # Tokens of toolhub's own server are for MCP clients: /mcp/ and the run streams.
+            request._bearer_refusal = Refusal(401, "invalid_token", NOT_HERE)  # type: ignore[attr-defined]
+            raise exceptions.AuthenticationFailed(NOT_HERE)
         try:
             key = key_for_credential(parts[1], resource)
         except Refusal as refusal:

@@ -1,9 +1,11 @@
 """`Authorization: Bearer` on /mcp/, the run streams and the REST API: an API key, or an
-OAuth access token (tokens.py). Either way the request acts as an API key's caller, so
+OAuth access token (tokens.py: an external issuer's; server.py: toolhub's own, which the
+REST API refuses). Either way the request acts as an API key's caller, so
 the runner, sessions, stream budgets and revocation treat both alike."""
 
 from __future__ import annotations
 
+from apps.oauth import server
 from apps.oauth.resource import Refusal
 from apps.oauth.tokens import key_for_token
 from apps.tenants.models import KEY_PREFIX, ApiKey
@@ -29,4 +31,6 @@ def key_for_credential(raw: str, resource: str) -> ApiKey:
             raise Refusal(401, "invalid_token", "Invalid or revoked API key.")
         key.touch()
         return key
+    if raw.startswith(server.ACCESS_PREFIX):
+        return server.key_for_access_token(raw, resource)
     return key_for_token(raw, resource)

@@ -63,3 +63,67 @@ class TokenKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal} @ {self.tenant_id} from {self.issuer}"
+
+
+class DelegationQuerySet(models.QuerySet["Delegation"]):
+    def of_token(self, checksum: str, application_id: int) -> list[Delegation]:
+        """The delegations an access or refresh token (by its checksum) of this client
+        belongs to."""
+        by_access = models.Q(access_token__token_checksum=checksum)
+        by_refresh = models.Q(refresh_token__token_checksum=checksum)
+        return list(
+            self.select_related("key")
+            .filter(by_access | by_refresh, application_id=application_id)
+            .distinct()
+        )
+
+
+class Delegation(models.Model):
+    """A consent given on toolhub's own authorization server (apps.oauth.server): a staff
+    member let a client act as a principal of a tenant, for one resource.
+
+    The grant (while its code is unused), then the current access and refresh token of the
+    chain point here; refreshing moves the pointers to the new pair. Its tokens act through
+    an API key of its own, made when the first token is issued: revoking a token revokes
+    that key, which ends the chain's open streams as revoking any key does.
+    """
+
+    application = models.ForeignKey(
+        "oauth2_provider.Application", on_delete=models.CASCADE, related_name="+"
+    )
+    user = models.ForeignKey(
+        "auth.User", on_delete=models.CASCADE, related_name="oauth_delegations"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    principal = models.CharField(max_length=160)
+    resource = models.CharField(max_length=500)
+    key = models.OneToOneField(
+        ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="delegation"
+    )
+    grant = models.OneToOneField(
+        "oauth2_provider.Grant",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="delegation",
+    )
+    access_token = models.OneToOneField(
+        "oauth2_provider.AccessToken",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="delegation",
+    )
+    refresh_token = models.OneToOneField(
+        "oauth2_provider.RefreshToken",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="delegation",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = DelegationQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"{self.application_id} as {self.principal} @ {self.tenant_id}"

@@ -50,6 +50,9 @@ def metadata(resource: str) -> dict[str, Any]:
     servers = (
         [settings.TOOLHUB_OAUTH_EXTERNAL_ISSUER] if settings.TOOLHUB_OAUTH_EXTERNAL_ISSUER else []
     )
+    if settings.TOOLHUB_OAUTH_SERVER:  # toolhub's own (server.py): the resource's origin
+        parts = urlsplit(resource)
+        servers.append(f"{parts.scheme}://{parts.netloc}")
     return {
         "resource": resource,
         "authorization_servers": servers,

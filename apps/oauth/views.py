@@ -1,9 +1,16 @@
-"""The protected resource metadata (RFC 9728), public: clients read it before any token."""
+"""The protected resource metadata (RFC 9728) and, when toolhub's own authorization server
+is on, its metadata (RFC 8414): public, clients read them before any token."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
+from oauth2_provider.views import OAuthServerMetadataView
 
 from apps.oauth.resource import metadata, resource_for
 
@@ -19,3 +26,18 @@ def protected_resource(request: HttpRequest) -> JsonResponse:
     response["Access-Control-Allow-Origin"] = "*"
     response["Cache-Control"] = "public, max-age=3600"
     return response
+
+
+def when_server_enabled(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The view of toolhub's own authorization server, or 404 while it is off."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.TOOLHUB_OAUTH_SERVER:
+            raise Http404("toolhub's authorization server is off (TOOLHUB_OAUTH_SERVER).")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+authorization_server = when_server_enabled(OAuthServerMetadataView.as_view())
