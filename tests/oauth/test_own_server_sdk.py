@@ -95,7 +95,8 @@ class Browser:
         self.result: AuthorizationCodeResult | None = None
         self.pages: list[str] = []
 
-    async def redirect_handler(self, url: str) -> None:
+    async def consent(self, url: str, redirect: str = REDIRECT) -> str:
+        """Follow the authorization URL, allow the first choice; the redirect it sends."""
         async with httpx2.AsyncClient(
             cookies={"sessionid": self.cookie}, timeout=30, follow_redirects=False
         ) as browser:
@@ -108,9 +109,12 @@ class Browser:
             form.update(act_as=html.unescape(choice.group(1)), allow="on")
             posted = await browser.post(f"{self.server}/oauth/authorize/", data=form)
         assert posted.status_code == 302, posted.text
-        location = posted.headers["location"]
-        assert location.startswith(REDIRECT)
-        query = parse_qs(urlsplit(location).query)
+        location = str(posted.headers["location"])
+        assert location.startswith(redirect)
+        return location
+
+    async def redirect_handler(self, url: str) -> None:
+        query = parse_qs(urlsplit(await self.consent(url)).query)
         self.result = AuthorizationCodeResult(
             code=query["code"][0], state=query.get("state", [None])[0]
         )
