@@ -333,3 +333,18 @@ def test_the_metadata_lists_the_server_when_it_is_on(settings):
     assert Client().get("/.well-known/oauth-authorization-server").status_code == 404
     off = Client().get("/.well-known/oauth-protected-resource/mcp").json()
     assert off["authorization_servers"] == []
+
+
+def test_nothing_of_another_tenant_is_offered_or_accepted(admin, client_id):
+    globex = Tenant.objects.create(slug="globex")
+    ApiKey.objects.issue(globex, "agent:spy")
+    _, challenge = pkce()
+    page = admin.get(authorize_query(client_id, challenge))
+    assert [c.tenant.slug for c in page.context["choices"]] == ["acme"]
+    assert "globex" not in page.content.decode() and "agent:spy" not in page.content.decode()
+    form = page.context["form"]
+    data = {name: form[name].value() or "" for name in form.fields if name != "allow"}
+    data.update(act_as=f"{globex.pk} agent:spy", allow="on")
+    forged = admin.post("/oauth/authorize/", data)
+    assert forged.status_code == 403
+    assert not Delegation.objects.exists()
