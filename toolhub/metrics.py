@@ -5,7 +5,9 @@ ends a record, and folded into rollups by the sweeper (apps/invocations/rollups.
 scrape reads O(tenants x tools x statuses) rows, not the records, and any process answers
 with the totals of all processes; a restart resets nothing. Calls in flight, pending
 approvals and queue depth are read at scrape time from partial indexes that hold only
-such rows. Open streams (`toolhub_open_streams`) and result cache lookups
+such rows. Over-capacity drops of the Redis channel layer
+(`toolhub_channel_layer_dropped_total`) are counted in Redis by every process. Open
+streams (`toolhub_open_streams`) and result cache lookups
 (`toolhub_result_cache_lookups_total`) are per-process numbers: each process counts its
 own, so a dashboard sums them over instances.
 
@@ -17,6 +19,7 @@ no token and no session is a 401, a wrong token too (compared in constant time).
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +32,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from apps.invocations import concurrency, result_cache, stats
+from toolhub.layers import GROUP_KINDS, dropped_counts
+
+logger = logging.getLogger(__name__)
 
 
 class OpenStreams:
@@ -175,6 +181,19 @@ class DatabaseCollector(Collector):
             lingering.add_metric([tool], n)
         yield lingering
 
+        dropped = _dropped_by_the_layer()
+        if dropped is not None:
+            layer_drops = CounterMetricFamily(
+                "toolhub_channel_layer_dropped",
+                "Messages the Redis channel layer dropped because a receiving channel was "
+                "full (every process's, since Redis started), by group kind: run (run "
+                "streams), tenant (approval streams), other, direct (a send to one channel).",
+                labels=["group"],
+            )
+            for kind in sorted({*GROUP_KINDS, "other", "direct", *dropped}):
+                layer_drops.add_metric([kind], dropped.get(kind, 0))
+            yield layer_drops
+
         streams = GaugeMetricFamily(
             "toolhub_open_streams",
             "WebSocket streams open in this process (sum over processes).",
@@ -184,6 +203,20 @@ class DatabaseCollector(Collector):
         for kind in STREAM_KINDS:
             streams.add_metric([kind], current.get(kind, 0))
         yield streams
+
+
+def _dropped_by_the_layer() -> dict[str, int] | None:
+    """The Redis layer's drop counts (scale-out), or None without Redis or when it does not
+    answer (the scrape goes on without them)."""
+    if not settings.REDIS_URL:
+        return None
+    config: Any = settings.CHANNEL_LAYERS["default"].get("CONFIG", {})
+    prefix = str(config.get("prefix", "asgi"))
+    try:
+        return dropped_counts(settings.REDIS_URL, prefix)
+    except Exception as error:
+        logger.warning("metrics: could not read the channel layer's drops (%s)", error)
+        return None
 
 
 def _bound(seconds: float) -> str:

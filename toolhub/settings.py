@@ -228,6 +228,11 @@ if REDIS_URL:
                 # A subscriber that stops reading must not grow Redis without bound:
                 # each channel holds at most `capacity` messages for `expiry` seconds.
                 "capacity": env_int("TOOLHUB_CHANNEL_CAPACITY", 100, minimum=10),
+                # Every feed of a process (apps/invocations/fanout.py) reads one channel: a
+                # busy run's burst, or a process busy for a moment, must not overflow it.
+                "channel_capacity": {
+                    "feed.*": env_int("TOOLHUB_FEED_CAPACITY", 5000, minimum=10),
+                },
                 "expiry": env_int("TOOLHUB_CHANNEL_EXPIRY", 60, minimum=1),
                 # Run streams re-join their group hourly, so a day is ample.
                 "group_expiry": 86400,

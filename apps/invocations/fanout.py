@@ -39,6 +39,9 @@ WATCH_S = 2.0
 # Other tasks on the loop (HTTP requests, handshakes) get a turn this often
 # while one event is handed to many subscribers.
 YIELD_EVERY = 200
+# The feeds' channels (their capacity is the layer's `channel_capacity` for `feed.*`: all
+# the feeds of a process share it, toolhub/settings.py).
+FEED_PREFIX = "feed"
 # A group message that carries no event: pushes to this group were lost (a sender's
 # layer failed), so every subscriber re-reads what it can (events.Outbox sends it).
 CATCH_UP_TYPE = "feed.catch_up"
@@ -77,7 +80,7 @@ class Feed:
 
     async def start(self) -> None:
         try:
-            self.channel = await self.layer.new_channel()
+            self.channel = await self.layer.new_channel(prefix=FEED_PREFIX)
             await self.layer.group_add(self.group, self.channel)
             self.tasks = [
                 asyncio.ensure_future(self._read()),
@@ -116,15 +119,32 @@ class Feed:
                 # takes, and every subscriber re-reads what it missed.
                 await self.owner.repair(self.layer)
                 continue
+            await self._take([message, *self._waiting()])
+
+    def _waiting(self) -> list[dict[str, Any]]:
+        """The messages already read for this feed and waiting in this process: a layer
+        that reads in batches (toolhub.layers.RedisLayer) says which. A busy run's events
+        then go to each subscriber together, in one write, rather than one by one."""
+        waiting = getattr(self.layer, "receive_waiting", None)
+        if waiting is None:
+            return []
+        return list(waiting(self.channel))
+
+    async def _take(self, messages: list[dict[str, Any]]) -> None:
+        batch: list[dict[str, Any]] = []
+        for message in messages:
             if message.get("type") == CATCH_UP_TYPE:
+                await self.hand_out_all(batch)
+                batch = []
                 await self._each(lambda subscriber: subscriber.catch_up())
                 continue
             event = message.get("event")
             if isinstance(event, dict):
-                await self.hand_out(event)
-            batch = message.get("events")  # events committed together (events._push_all)
-            if isinstance(batch, list):
-                await self.hand_out_all([event for event in batch if isinstance(event, dict)])
+                batch.append(event)
+            events = message.get("events")  # events committed together (events._push_all)
+            if isinstance(events, list):
+                batch.extend(event for event in events if isinstance(event, dict))
+        await self.hand_out_all(batch)
 
     async def hand_out(self, event: dict[str, Any]) -> None:
         text = encode(event)
@@ -135,6 +155,11 @@ class Feed:
         quick call's result) reaches the first subscribers without waiting for the first
         event's fan-out to everyone, and a socket's frames of one batch leave together
         (toolhub/send_batches.py)."""
+        if not batch:
+            return
+        if len(batch) == 1:
+            await self.hand_out(batch[0])
+            return
         encoded = [(event, encode(event)) for event in batch]
 
         async def offer_all(subscriber: Subscriber) -> None:

@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.utils import timezone
@@ -268,3 +269,38 @@ def test_a_short_metrics_token_is_refused_at_start_up(tmp_path):
     )
     assert result.returncode != 0
     assert "TOOLHUB_METRICS_TOKEN must be at least 32 characters" in result.stderr
+
+
+def test_metrics_count_the_channel_layers_drops_by_group_kind_from_redis(caller):
+    """Over-capacity drops of the Redis layer, every process's (counted in Redis by the
+    layer's script), by a label of four values whatever the groups; without Redis the
+    family is absent; a Redis that does not answer leaves it out of the scrape."""
+    from tests.support.redis import redis_server
+    from toolhub.layers import RedisLayer
+
+    with redis_server() as url, override_settings(TOOLHUB_METRICS_TOKEN=TOKEN):
+        assert "toolhub_channel_layer_dropped" not in scrape(token=TOKEN)  # embedded
+
+        async def overflow() -> None:
+            layer = RedisLayer(hosts=[{"address": url, "socket_timeout": None}], capacity=1)
+            for n in range(30):  # as many runs' groups: still one label value
+                await layer.group_add(f"run.{n}", "stuck.reader")
+            await layer.group_add("tenant.4", "stuck.reader")
+            for n in range(30):
+                await layer.group_send(f"run.{n}", {"type": "m"})  # the first fills it
+            await layer.group_send("tenant.4", {"type": "m"})
+
+        async_to_sync(overflow)()
+        with override_settings(REDIS_URL=url):
+            samples = scrape(token=TOKEN)["toolhub_channel_layer_dropped"]
+        name = "toolhub_channel_layer_dropped_total"
+        assert {s.labels["group"]: s.value for s in samples if s.name == name} == {
+            "run": 29,
+            "tenant": 1,
+            "other": 0,
+            "direct": 0,
+        }
+    with override_settings(REDIS_URL=url, TOOLHUB_METRICS_TOKEN=TOKEN):  # Redis gone
+        families = scrape(token=TOKEN)
+    assert "toolhub_channel_layer_dropped" not in families
+    assert "toolhub_open_streams" in families

@@ -24,7 +24,8 @@ from channels_redis.core import RedisChannelLayer
 from apps.invocations import fanout
 from tests.support.redis import redis_server
 from tests.support.server import free_port
-from toolhub.layers import RedisLayer
+from toolhub import layers
+from toolhub.layers import DROPPED_KEY, RedisLayer, dropped_counts
 
 KINDS = [RedisChannelLayer, RedisLayer]
 each_layer = pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
@@ -112,10 +113,15 @@ def test_a_full_channel_refuses_a_send_and_misses_a_group_message_others_get(
         assert [(await receive(here, "slow.reader"))["n"] for _ in range(2)] == [1, 2]
         assert await nothing_for(here, "slow.reader")
         assert (await receive(here, "quick.reader"))["n"] == 4
+        if kind is RedisLayer:  # counted in Redis (test_drops_are_counted...)
+            assert raw.hgetall("asgi" + DROPPED_KEY) == {b"direct": b"1", b"other": b"1"}
         await here.flush()
 
     asyncio.run(scenario())
-    assert "1 of 2 channels over capacity in group run-b" in caplog.text
+    if kind is RedisChannelLayer:
+        assert "1 of 2 channels over capacity in group run-b" in caplog.text
+    else:  # and logged once per interval, summed
+        assert "over capacity" not in caplog.text
 
 
 @each_layer
@@ -225,10 +231,11 @@ def test_several_group_messages_go_in_two_round_trips_and_arrive_as_one_after_th
         assert [(await receive(here, "slow.reader"))["n"] for _ in range(3)] == [0, 0, 0]
         for channel in (first, second, "both.reader", "slow.reader"):
             assert await nothing_for(here, channel)
+        assert raw.hget("asgi" + DROPPED_KEY, "other") == b"2"
         await here.flush()
 
     asyncio.run(scenario())
-    assert caplog.text.count("1 of 4 channels over capacity in group run-m1") == 2
+    assert "over capacity" not in caplog.text  # summed once per interval, not per message
     assert not raw.keys("*nobody*")
 
 
@@ -333,3 +340,82 @@ def test_a_deployment_with_redis_uses_toolhubs_layer() -> None:
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "toolhub.layers.RedisLayer"
+
+
+def test_drops_are_counted_by_group_kind_and_logged_once_per_interval_summed(
+    redis_url: str, raw: redis.Redis, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel over capacity: every drop counted in Redis by the group's kind (a bounded
+    label, whatever the group), every process's; one WARNING line per interval with the
+    sum, none per message."""
+    monkeypatch.setattr(layers, "DROP_LOG_INTERVAL_S", 0.3)
+    monkeypatch.setattr(layers, "drop_log", layers.DropLog())
+    caplog.set_level(logging.INFO, logger="toolhub.layers")
+
+    async def scenario() -> None:
+        here, other_process = (
+            layer(RedisLayer, redis_url, capacity=2),
+            layer(RedisLayer, redis_url, capacity=2),
+        )
+        for group in ("run.aaa", "run.bbb", "tenant.7", "odd-group"):
+            await here.group_add(group, "full.reader")
+        for n in range(2):
+            await here.send("full.reader", {"type": "m", "n": n})
+        for n in range(3):
+            await here.group_send("run.aaa", {"type": "m", "n": n})
+        await other_process.group_send_many(
+            [("run.bbb", {"type": "m"}), ("tenant.7", {"type": "m"}), ("odd-group", {"type": "m"})]
+        )
+        with pytest.raises(ChannelFull):
+            await here.send("full.reader", {"type": "m"})
+        await eventually(lambda: any(r.levelno == logging.WARNING for r in caplog.records))
+        assert dropped_counts(redis_url) == {"run": 4, "tenant": 1, "other": 1, "direct": 1}
+        await here.flush()
+
+    asyncio.run(scenario())
+    lines = [r for r in caplog.records if "over capacity" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING]
+    # The direct send is counted but not logged: its sender got ChannelFull.
+    assert (
+        lines[0]
+        .getMessage()
+        .startswith(
+            "channel layer over capacity: 6 messages dropped in the last 0.3 s "
+            "(other: 1, run: 4, tenant: 1)"
+        )
+    )
+
+
+def test_a_process_reads_its_channels_in_batches_in_order_and_a_lost_batch_is_read_again(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    """Messages waiting for a process's channels (its feeds) are taken in one round trip
+    each batch and reach each channel in the order sent; a batch taken by a read that never
+    finished (cancelled, or its process died) is put back and read by the next one."""
+
+    async def scenario() -> None:
+        here, sender = layer(RedisLayer, redis_url), layer(RedisLayer, redis_url, capacity=500)
+        channels = [await here.new_channel(prefix="feed") for _ in range(3)]
+        for n in range(40):
+            for c, channel in enumerate(channels):
+                await sender.send(channel, {"type": "m", "n": n, "c": c})
+
+        async def read_all(channel: str) -> list[dict[str, Any]]:  # one reader, as a feed
+            return [await receive(here, channel) for _ in range(40)]
+
+        got = await asyncio.gather(*(read_all(channel) for channel in channels))
+        for c, messages in enumerate(got):
+            assert [(m["c"], m["n"]) for m in messages] == [(c, n) for n in range(40)]
+        assert not here.receive_waiting(channels[0])
+
+        await sender.send(channels[0], {"type": "m", "n": "lost"})
+        key = here.prefix + here.non_local_name(channels[0])
+        taken = await here._script(here.connection(0), layers._TAKE)(
+            keys=[key, key + "$inflight"], args=[10]
+        )
+        assert len(taken) == 1  # as a read that then died would have
+        assert (await receive(here, channels[0]))["n"] == "lost"
+        assert await nothing_for(here, channels[0])
+        await here.flush()
+
+    asyncio.run(scenario())
