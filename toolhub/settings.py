@@ -531,6 +531,9 @@ OAUTH2_PROVIDER = {
     "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
     "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
     "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,  # tokens kept as checksums only
+    # RFC 9207: the authorization response names its issuer (`iss`, the origin, as in the
+    # RFC 8414 metadata), so a client talking to several servers detects a mix-up.
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
     "ROTATE_REFRESH_TOKEN": True,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
     "ACCESS_TOKEN_EXPIRE_SECONDS": TOOLHUB_OAUTH_TOKEN_TTL_S,

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django import forms
 from django.http import HttpResponse
 from oauth2_provider.forms import AllowForm
+from oauth2_provider.settings import oauth2_settings
 from oauth2_provider.views import AuthorizationView
 
 from apps.oauth.resource import resource_for
@@ -126,6 +128,17 @@ class ConsentView(AuthorizationView):
     def form_invalid(self, form: Any) -> HttpResponse:
         context = self.get_context_data(form=form, application=None)
         return self.render_to_response(context, status=403)
+
+    def redirect(self, redirect_to: str, application: Any) -> HttpResponse:
+        """Every authorization response names its issuer (RFC 9207), errors such as
+        `access_denied` too: the toolkit adds `iss` to a code's redirect only."""
+        parts = urlsplit(redirect_to)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if "error" in dict(query) and "iss" not in dict(query):
+            issuer = oauth2_settings.oauth2_authorization_server_issuer(self.request)
+            query.append(("iss", issuer))
+            redirect_to = urlunsplit(parts._replace(query=urlencode(query)))
+        return super().redirect(redirect_to, application)
 
     def create_authorization_response(
         self, request: Any, scopes: str, credentials: dict[str, Any], allow: bool

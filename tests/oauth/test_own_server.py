@@ -112,6 +112,7 @@ def code_of(response: Any) -> str:
     assert response.status_code == 302, response.content
     query = parse_qs(urlsplit(response["Location"]).query)
     assert query["state"] == ["st-1"]
+    assert query["iss"] == ["http://testserver"]  # RFC 9207: the metadata's issuer
     return query["code"][0]
 
 
@@ -168,7 +169,8 @@ def test_denying_sends_access_denied(admin, client_id):
     _, challenge = pkce()
     response = consent(admin, client_id, challenge, allow_it=False)
     assert response.status_code == 302
-    assert parse_qs(urlsplit(response["Location"]).query)["error"] == ["access_denied"]
+    query = parse_qs(urlsplit(response["Location"]).query)
+    assert query["error"] == ["access_denied"] and query["iss"] == ["http://testserver"]
     assert not Delegation.objects.exists()
 
 
@@ -329,6 +331,7 @@ def test_the_metadata_lists_the_server_when_it_is_on(settings):
     assert metadata["code_challenge_methods_supported"] == ["S256"]
     assert metadata["registration_endpoint"] == "http://testserver/oauth/register/"
     assert metadata["client_id_metadata_document_supported"] is True
+    assert metadata["authorization_response_iss_parameter_supported"] is True
     settings.TOOLHUB_OAUTH_SERVER = False
     assert Client().get("/.well-known/oauth-authorization-server").status_code == 404
     off = Client().get("/.well-known/oauth-protected-resource/mcp").json()

@@ -115,8 +115,12 @@ class Browser:
 
     async def redirect_handler(self, url: str) -> None:
         query = parse_qs(urlsplit(await self.consent(url)).query)
+        # `iss` too (RFC 9207): the SDK refuses a response without it once the metadata
+        # says the server sends it.
         self.result = AuthorizationCodeResult(
-            code=query["code"][0], state=query.get("state", [None])[0]
+            code=query["code"][0],
+            state=query.get("state", [None])[0],
+            iss=query.get("iss", [None])[0],
         )
 
     async def callback_handler(self) -> AuthorizationCodeResult:
