@@ -380,7 +380,7 @@ def measure(world: World, samples: int, deep: int, explain: bool) -> dict[str, A
     from apps.invocations.models import RunEvent
     from apps.policies.models import Policy
     from apps.tools.models import Tool
-    from toolhub.paging import COUNT_CAP
+    from toolhub.web.paging import COUNT_CAP
 
     admins = {
         "records": ("/admin/invocations/invocationrecord/", InvocationRecord),

@@ -119,7 +119,7 @@ async def probe(
     """A member of the run's group in this process, reading as a feed does (in batches):
     when each event could be read from Redis. Beside the subscribers' figures it tells
     the producer's side of the lag (emit, commit, push) from the fan-out's."""
-    from toolhub.layers import RedisLayer
+    from toolhub.layers.redis_layer import RedisLayer
 
     layer = RedisLayer(hosts=[{"address": redis_url, "socket_timeout": None}],
                               capacity=100_000)  # fmt: skip

@@ -28,10 +28,10 @@ OTHER_EXECUTE_RECEIVERS = {
     "apps.policies.conditions": {"program"},  # a compiled CEL program
     "apps.approvals.wake": {"raw"},  # a psycopg connection (LISTEN)
     "tests.faults.test_outages": {"db"},  # a sqlite3/psycopg connection reading the records
-    "toolhub.postgresql.base": {"super"},  # the prepared cursor's psycopg Cursor.execute
+    "toolhub.db.postgresql.base": {"super"},  # the prepared cursor's psycopg Cursor.execute
     "tests.tenants.test_epoch_at_checkout": {"other", "conn"},  # psycopg connections
-    "toolhub.index_ops": {"schema_editor"},  # a migration's schema editor (DROP INDEX)
-    "toolhub.layers": {"pipe"},  # a Redis pipeline (RedisLayer._pipelined)
+    "toolhub.db.index_ops": {"schema_editor"},  # a migration's schema editor (DROP INDEX)
+    "toolhub.layers.redis_layer": {"pipe"},  # a Redis pipeline (RedisLayer._pipelined)
     "tests.streams.test_redis_layer": {"Pipeline"},  # redis-py's, counted by a test
 }
 
@@ -179,7 +179,7 @@ def test_the_checker_allows_db_cursors_and_the_defining_module():
     assert not runner_bypasses(
         "with connection.cursor() as cursor:\n    cursor.execute('SELECT 1')\n"
         "connection.cursor().execute('SELECT 1')\n",
-        "toolhub.health",
+        "toolhub.ops.health",
         targets,
     )
     assert not runner_bypasses(

@@ -2,7 +2,7 @@
 
 Django's own ASGI handler ran every hook of every synchronous middleware as a separate
 hand-over from the event loop to the request's thread and back. toolhub's handler
-(toolhub/asgi_handler.py) runs the whole chain and the view in one crossing; what it
+(toolhub/server/asgi_handler.py) runs the whole chain and the view in one crossing; what it
 answers must not change.
 """
 
@@ -20,7 +20,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.test import override_settings
 
 from tests.conftest import allow, make_agent
-from toolhub.asgi_handler import OneThreadASGIHandler
+from toolhub.server.asgi_handler import OneThreadASGIHandler
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -252,7 +252,7 @@ async def test_a_client_that_leaves_before_the_answer_ends_the_request():
         leave.set()  # the client leaves while the view still runs
         await asyncio.sleep(0.05)
         # The request ends with its thread's work, which may need this loop: a stopping
-        # server waits for it (toolhub/draining.py).
+        # server waits for it (toolhub/server/draining.py).
         assert not task.done()
         _Slow.release.set()
         await asyncio.wait_for(task, 20)
@@ -430,7 +430,7 @@ async def test_concurrent_requests_run_on_threads_of_their_own():
 
 
 def test_a_thread_still_running_work_is_not_handed_on():
-    from toolhub.asgi_handler import RequestThreads
+    from toolhub.server.asgi_handler import RequestThreads
 
     threads = RequestThreads()
     thread = threads.take()
@@ -446,7 +446,7 @@ def test_a_thread_still_running_work_is_not_handed_on():
 
 
 def test_idle_threads_kept_are_bounded_and_the_rest_end():
-    from toolhub.asgi_handler import RequestThreads
+    from toolhub.server.asgi_handler import RequestThreads
 
     threads = RequestThreads(keep=2)
     taken = [threads.take() for _ in range(3)]
@@ -464,8 +464,8 @@ def test_idle_threads_kept_are_bounded_and_the_rest_end():
 def test_a_forked_child_does_not_use_its_parents_threads(monkeypatch: pytest.MonkeyPatch):
     import os
 
-    from toolhub import asgi_handler
-    from toolhub.asgi_handler import RequestThreads
+    from toolhub.server import asgi_handler
+    from toolhub.server.asgi_handler import RequestThreads
 
     threads = RequestThreads()
     parents = threads.take()

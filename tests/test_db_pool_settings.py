@@ -8,7 +8,7 @@ import importlib
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from toolhub.postgresql.pool import check
+from toolhub.db.postgresql.pool import check
 
 PG_URL = "postgresql://toolhub@db.example:5432/toolhub?sslmode=require"
 POOL_VARS = (
@@ -30,7 +30,7 @@ def database(monkeypatch):
 
 def test_it_pools_postgresql_connections_by_default(database):
     config = database(PG_URL)
-    assert config["ENGINE"] == "toolhub.postgresql"
+    assert config["ENGINE"] == "toolhub.db.postgresql"
     assert config["CONN_MAX_AGE"] == 0  # Django's pool refuses persistent connections
     pool = config["OPTIONS"]["pool"]
     assert (pool["min_size"], pool["max_size"], pool["timeout"]) == (2, 20, 5)
@@ -56,7 +56,7 @@ def test_it_connects_per_request_when_the_pool_is_turned_off(database, monkeypat
 
 def test_it_lets_prepared_cursors_prepare_unless_turned_off(database, monkeypatch):
     """Django sets psycopg's prepare_threshold to None (nothing is ever prepared) unless
-    OPTIONS names one; toolhub names one for its prepared_cursor() (toolhub/postgresql)."""
+    OPTIONS names one; toolhub names one for its prepared_cursor() (toolhub/db/postgresql)."""
     assert database(PG_URL)["OPTIONS"]["prepare_threshold"] == 5
     monkeypatch.setenv("TOOLHUB_DB_PREPARED_STATEMENTS", "off")  # a transaction-mode pooler
     options = database(PG_URL)["OPTIONS"]

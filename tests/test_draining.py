@@ -1,5 +1,5 @@
 """A stopping server finishes the requests it is serving, refuses new ones, then exits
-(toolhub/draining.py). Under load, SIGTERM used to leave Daphne running until it was
+(toolhub/server/draining.py). Under load, SIGTERM used to leave Daphne running until it was
 killed: a request's thread, still sending its call's events, waited for an event loop
 that had stopped, and the calls in flight lost their answers."""
 
@@ -22,8 +22,8 @@ from apps.policies.models import Outcome, PolicyRule
 from tests.approvals.support import make_operator
 from tests.conftest import allow, make_agent
 from tests.support.server import daphne, invoke
-from toolhub import draining
-from toolhub.draining import Draining
+from toolhub.server import draining
+from toolhub.server.draining import Draining
 
 # ---------------------------------------------------------------- the wrapper alone
 

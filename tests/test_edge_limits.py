@@ -175,7 +175,7 @@ def test_a_form_body_reaches_django_as_it_was_sent(server):
 @pytest.mark.parametrize(("verbosity", "written"), [(0, ""), (1, ""), (2, "a line\n")])
 def test_twisteds_access_line_is_made_only_where_its_log_goes_somewhere(verbosity, written):
     """Below verbosity 2 Daphne sends Twisted's log nowhere and writes its own access log."""
-    from toolhub.daphne_limits import LimitedHTTPFactory
+    from toolhub.server.daphne_limits import LimitedHTTPFactory
 
     factory = LimitedHTTPFactory(SimpleNamespace(verbosity=verbosity))
     factory._logFile = StringIO()
@@ -190,8 +190,8 @@ def test_twisteds_access_line_is_made_only_where_its_log_goes_somewhere(verbosit
 
 
 async def call_asgi(headers: list[tuple[bytes, bytes]], pieces: list[bytes]) -> list[dict]:
-    from toolhub.asgi_handler import get_asgi_application
-    from toolhub.limits import BodyLimitMiddleware
+    from toolhub.server.asgi_handler import get_asgi_application
+    from toolhub.server.limits import BodyLimitMiddleware
 
     app = BodyLimitMiddleware(get_asgi_application(), limit=4096)
     incoming = [

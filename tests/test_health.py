@@ -1,4 +1,4 @@
-"""Liveness and readiness probes (toolhub/health.py): answered without credentials,
+"""Liveness and readiness probes (toolhub/ops/health.py): answered without credentials,
 in front of Django, and while the server drains; the close codes Daphne can send."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 from django.test import Client
 
 from tests.support.server import free_port
-from toolhub import draining, health
-from toolhub.daphne_frames import daphne_close_code
-from toolhub.health import GRACE_S, Check, HealthProbes, Readiness
+from toolhub.ops import health
+from toolhub.ops.health import GRACE_S, Check, HealthProbes, Readiness
+from toolhub.server import draining
+from toolhub.server.daphne_frames import daphne_close_code
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def test_readyz_reports_the_database_and_channel_layer_reachable(fresh_checks):
 def test_readyz_is_503_when_the_channel_layers_redis_is_not_there(settings, fresh_checks):
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "toolhub.layers.RedisLayer",
+            "BACKEND": "toolhub.layers.redis_layer.RedisLayer",
             "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{free_port()}/0"}]},
         }
     }

@@ -17,7 +17,7 @@ from django.apps import apps
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from toolhub.index_ops import DropFieldIndex
+from toolhub.db.index_ops import DropFieldIndex
 
 pytestmark = pytest.mark.django_db
 

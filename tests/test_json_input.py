@@ -1,4 +1,4 @@
-"""toolhub.json_input: the one reader of JSON from outside, with its depth and size limits."""
+"""toolhub.web.json_input: the one reader of JSON from outside, with its depth and size limits."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.deep_json import TOO_DEEP, deep_texts, nested_object
-from toolhub.json_input import MAX_DEPTH, JsonInputError, _nested_deeper, loads
+from toolhub.web.json_input import MAX_DEPTH, JsonInputError, _nested_deeper, loads
 
 pytestmark = pytest.mark.one_leg
 

@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from rest_framework.test import APIClient
 
 from apps.tools.builtin.email import SendEmailParams
-from toolhub import openapi_examples
-from toolhub.websocket_docs import asyncapi
+from toolhub.apidocs import openapi_examples
+from toolhub.apidocs.websocket_docs import asyncapi
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST_HINT = 'to: expected a list of addresses, e.g. ["bob@example.com"]'

@@ -222,8 +222,8 @@ def test_start_up_with_a_bad_stream_queue_size_fails_naming_it(tmp_path, raw):
     bool(os.environ.get("DATABASE_URL")), reason="DATABASE_URL selects another database"
 )
 def test_the_default_database_is_sqlite():
-    # Django's SQLite backend, with one process's writers queued (toolhub/sqlite3/base.py).
-    assert settings.DATABASES["default"]["ENGINE"] == "toolhub.sqlite3"
+    # Django's SQLite backend, with one process's writers queued (toolhub/db/sqlite3/base.py).
+    assert settings.DATABASES["default"]["ENGINE"] == "toolhub.db.sqlite3"
     assert connection.vendor == "sqlite"
 
 

@@ -1,4 +1,4 @@
-"""The SQLite backend queues writers on locks (toolhub/sqlite3/base.py): one process's
+"""The SQLite backend queues writers on locks (toolhub/db/sqlite3/base.py): one process's
 threads on a lock, and every process on an flock beside the database. A writer waits for
 them instead of SQLite's sleeping busy handler, they are freed however a transaction
 ends, and waiting too long gives SQLite's own error (issue 13)."""
@@ -21,7 +21,7 @@ from django.db import OperationalError, connection, transaction
 from apps.tenants.models import Tenant
 from tests.support.server import ROOT, database_url
 from tests.support.threads import start_thread
-from toolhub.sqlite3 import base
+from toolhub.db.sqlite3 import base
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite backend only"),

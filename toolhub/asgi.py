@@ -2,7 +2,7 @@
 
 import os
 
-from toolhub.asgi_handler import get_asgi_application
+from toolhub.server.asgi_handler import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "toolhub.settings")
 django_asgi_app = get_asgi_application()
@@ -10,14 +10,15 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from toolhub.daphne_frames import install_daphne_frames  # noqa: E402
-from toolhub.draining import (  # noqa: E402
+from toolhub.ops.health import HealthProbes  # noqa: E402
+from toolhub.routing import http_router, websocket_urlpatterns  # noqa: E402
+from toolhub.server.daphne_frames import install_daphne_frames  # noqa: E402
+from toolhub.server.draining import (  # noqa: E402
     Draining,
     install_daphne_drain,
     refusing_streams_when_stopping,
 )
-from toolhub.health import HealthProbes  # noqa: E402
-from toolhub.limits import (  # noqa: E402
+from toolhub.server.limits import (  # noqa: E402
     ASGIApp,
     BodyLimitMiddleware,
     Receive,
@@ -25,16 +26,16 @@ from toolhub.limits import (  # noqa: E402
     Send,
     install_daphne_body_limit,
 )
-from toolhub.routing import http_router, websocket_urlpatterns  # noqa: E402
-from toolhub.startup import freeze_start_up  # noqa: E402
-from toolhub.ws_auth import (  # noqa: E402  (needs Django set up first)
+from toolhub.server.startup import freeze_start_up  # noqa: E402
+from toolhub.web.ws_auth import (  # noqa: E402  (needs Django set up first)
     AllowedHostsBrowserOriginValidator,
     WebSocketAuthStack,
 )
 
-# Refuse oversized bodies as they arrive, before Daphne stores them (toolhub/limits.py).
+# Refuse oversized bodies as they arrive, before Daphne stores them (toolhub/server/limits.py).
 install_daphne_body_limit()
-# Frame an event's text once for all the sockets a feed hands it to (toolhub/daphne_frames.py).
+# Frame an event's text once for all the sockets a feed hands it to
+# (toolhub/server/daphne_frames.py).
 install_daphne_frames()
 
 if settings.TOOLHUB_EMBEDDED_WORKER:
@@ -55,8 +56,8 @@ def remembering_the_loop(app: ASGIApp) -> ASGIApp:
     return remembering
 
 
-# A stopping server finishes its requests and refuses new ones (toolhub/draining.py).
-# /healthz and /readyz are answered before Django, while draining too (toolhub/health.py).
+# A stopping server finishes its requests and refuses new ones (toolhub/server/draining.py).
+# /healthz and /readyz are answered before Django, while draining too (toolhub/ops/health.py).
 draining = Draining(
     HealthProbes(remembering_the_loop(BodyLimitMiddleware(http_router(django_asgi_app)))),
     open_while_stopping=HealthProbes.PATHS,

@@ -9,7 +9,7 @@ from apps.approvals.consumers import ApprovalsConsumer
 from apps.invocations.consumers import RunConsumer
 from apps.invocations.streams import CLOSE_NOT_FOUND, NO_CHANNEL, refuse
 from apps.mcp.server.transport import endpoint as mcp_endpoint
-from toolhub.limits import ASGIApp, Receive, Scope, Send
+from toolhub.server.limits import ASGIApp, Receive, Scope, Send
 
 
 class NoSuchStream(AsyncWebsocketConsumer):

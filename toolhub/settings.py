@@ -103,7 +103,7 @@ MIDDLEWARE = [
     # Last, as django-axes requires: it answers a locked-out login (see AXES_* below).
     "axes.middleware.AxesMiddleware",
     # A database outage is a 503 with Retry-After and one log line, not a 500 per request.
-    "toolhub.outage.DatabaseOutageMiddleware",
+    "toolhub.web.outage.DatabaseOutageMiddleware",
 ]
 
 ROOT_URLCONF = "toolhub.urls"
@@ -135,9 +135,9 @@ def _database(url: str) -> dict[str, object]:
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.sqlite3":
-        config["ENGINE"] = "toolhub.sqlite3"  # Django's, with one process's writers queued
+        config["ENGINE"] = "toolhub.db.sqlite3"  # Django's, with one process's writers queued
         # A thread keeps its connection: a request's thread is kept for later requests
-        # (toolhub/asgi_handler.py), and a new SQLite connection reads the schema again
+        # (toolhub/server/asgi_handler.py), and a new SQLite connection reads the schema again
         # before its first statement (about 2 ms of a 4 ms catalog request, issue 13).
         # A thread's connection closes when the thread ends; a broken one, as before,
         # at the end of its request.
@@ -164,8 +164,8 @@ def _database(url: str) -> dict[str, object]:
                 "(unset it, or set it to 0)"
             )
     elif config["ENGINE"] == "django.db.backends.postgresql":
-        # Django's, failing fast while the database is down (toolhub/postgresql/base.py).
-        config["ENGINE"] = "toolhub.postgresql"
+        # Django's, failing fast while the database is down (toolhub/db/postgresql/base.py).
+        config["ENGINE"] = "toolhub.db.postgresql"
         given = config.get("OPTIONS")  # e.g. sslmode from the URL's query
         options = dict(given) if isinstance(given, dict) else {}
         if env_bool("TOOLHUB_DB_PREPARED_STATEMENTS", default=True):
@@ -202,7 +202,7 @@ def _pool_options() -> dict[str, object] | None:
             f"TOOLHUB_DB_POOL_MIN_SIZE ({min_size}) is larger than "
             f"TOOLHUB_DB_POOL_MAX_SIZE ({max_size})"
         )
-    from toolhub.postgresql.pool import POOL_OPTIONS
+    from toolhub.db.postgresql.pool import POOL_OPTIONS
 
     return {
         **POOL_OPTIONS,
@@ -220,7 +220,7 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "toolhub.layers.RedisLayer",
+            "BACKEND": "toolhub.layers.redis_layer.RedisLayer",
             "CONFIG": {
                 # redis-py 8 times sockets out after 5 s, which races channels-redis's
                 # 5 s blocking pop and kills idle streams: no client-side timeout.
@@ -372,9 +372,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["toolhub.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "toolhub.openapi.ToolhubAutoSchema",
-    "EXCEPTION_HANDLER": "toolhub.api.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["toolhub.web.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "toolhub.apidocs.openapi.ToolhubAutoSchema",
+    "EXCEPTION_HANDLER": "toolhub.web.api.exception_handler",
     # ?format= selects the catalog's wire shape, not DRF's renderer.
     "URL_FORMAT_OVERRIDE": None,
     "UNAUTHENTICATED_USER": None,
@@ -392,11 +392,11 @@ SPECTACULAR_SETTINGS = {
     # 3.1: its schema dialect is JSON Schema 2020-12, which pydantic models emit
     # (`anyOf [T, {"type": "null"}]` is invalid OpenAPI 3.0).
     "OAS_VERSION": "3.1.0",
-    # toolhub/openapi.py: the API description (auth, errors, status codes, lists, streams)
+    # toolhub/apidocs/openapi.py: the API description (auth, errors, status codes, lists, streams)
     # and curated component descriptions instead of docstrings.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "toolhub.openapi.postprocess",
+        "toolhub.apidocs.openapi.postprocess",
     ],
     "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
 }
@@ -410,10 +410,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # SafeFormatter escapes control characters in every field, so a logged value (a toolId
-    # with a newline) cannot forge a line; tracebacks are indented (toolhub/logs.py).
+    # with a newline) cannot forge a line; tracebacks are indented (toolhub/ops/logs.py).
     "formatters": {
         "plain": {
-            "()": "toolhub.logs.SafeFormatter",
+            "()": "toolhub.ops.logs.SafeFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         }
     },
@@ -465,14 +465,14 @@ TOOLHUB_WS_SLOW_CLIENT_SECONDS = env_int("TOOLHUB_WS_SLOW_CLIENT_SECONDS", 8, mi
 TOOLHUB_WS_QUEUED_EVENTS = env_int("TOOLHUB_WS_QUEUED_EVENTS", 100, minimum=1)
 
 # The largest request body accepted; a larger one gets 413 before it is read, whether it
-# declares its length or streams it chunked (toolhub/limits.py). Django's own form-body
+# declares its length or streams it chunked (toolhub/server/limits.py). Django's own form-body
 # limit follows it, so the two never disagree.
 TOOLHUB_MAX_REQUEST_BYTES = env_int(
     "TOOLHUB_MAX_REQUEST_BYTES", 1024 * 1024, minimum=1024, maximum=1024 * 1024 * 1024
 )
 DATA_UPLOAD_MAX_MEMORY_SIZE = TOOLHUB_MAX_REQUEST_BYTES
 
-# GET /metrics (toolhub/metrics.py) answers `Authorization: Bearer <this>` and superuser
+# GET /metrics (toolhub/ops/metrics.py) answers `Authorization: Bearer <this>` and superuser
 # sessions only. Unset: superusers only (no scraper). Set: 32+ characters.
 TOOLHUB_METRICS_TOKEN = env_str("TOOLHUB_METRICS_TOKEN", "").strip()
 if TOOLHUB_METRICS_TOKEN and len(TOOLHUB_METRICS_TOKEN) < 32:

@@ -7,10 +7,11 @@ from apps.identity import views as identity_views
 from apps.identity.forms import LoginForm
 from apps.invocations import views as invocation_views
 from apps.receipts import views as receipt_views
-from toolhub import health, metrics, websocket_docs
+from toolhub.apidocs import websocket_docs
+from toolhub.ops import health, metrics
 
-handler404 = "toolhub.api.json_not_found"
-handler500 = "toolhub.api.json_server_error"
+handler404 = "toolhub.web.api.json_not_found"
+handler500 = "toolhub.web.api.json_server_error"
 
 # The admin says whose it is (Django's default is "Django administration").
 admin.site.site_header = "toolhub admin"

@@ -42,7 +42,7 @@ from apps.invocations.streams import (
 from apps.tenants.scoping import staff_tenants
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
-from toolhub.metrics import CountedStream
+from toolhub.ops.metrics import CountedStream
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 
 from apps.approvals.decisions import BULK_LIMIT
-from toolhub import json_input
+from toolhub.web import json_input
 
 
 class DecisionForm(forms.Form):

@@ -339,11 +339,11 @@ def start_push_loop() -> None:
 def start_embedded() -> None:
     """One worker thread and one sweeper thread in this process (the embedded demo).
 
-    When the server stops (toolhub/draining.py), the worker finishes the call it is
+    When the server stops (toolhub/server/draining.py), the worker finishes the call it is
     running, as `toolhub_worker` does on SIGTERM, and the process waits for it: the worker
     thread is a daemon, and the process exiting under it left an approved call to the
     sweeper, which records it as failed, never run again."""
-    from toolhub import draining
+    from toolhub.server import draining
 
     worker = build_worker(f"embedded-{os.getpid()}")
     thread = threading.Thread(target=worker.run, name="toolhub-worker", daemon=True)

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from apps.connections.models import SECRET_FIELDS, Connection, Grant, validate_host_pattern
 from apps.tenants.admin import TenantScopedAdmin, TenantScopedGuardedAdmin
-from toolhub import json_input
+from toolhub.web import json_input
 
 SECRET_INPUTS = sorted({name for names in SECRET_FIELDS.values() for name in names})
 

@@ -54,7 +54,7 @@ from apps.invocations.events import Event, EventMessage
 from apps.invocations.models import Run, RunEvent
 from apps.tenants import epoch
 from apps.tenants.models import Tenant
-from toolhub.postgresql import statement_cursor
+from toolhub.db.postgresql import statement_cursor
 
 # The event columns a start's statement writes from VALUES, in this order (seq is numbered
 # in the statement).
@@ -201,7 +201,7 @@ def write_many(
         "last_seq) ON true"
     )
     try:
-        # Prepared once per connection and shape (toolhub/postgresql/base.py): parsing
+        # Prepared once per connection and shape (toolhub/db/postgresql/base.py): parsing
         # and planning this statement was most of PostgreSQL's work per queued call.
         with statement_cursor(connection) as cursor:
             cursor.execute(_kept_text(f"WITH {parts_sql} {answer_sql}"), params)
@@ -245,7 +245,7 @@ _TEXTS_KEPT = 1024
 
 def _kept_text(sql: str) -> str:
     """The same str object for the same text: psycopg keeps a cursor's adaptation state
-    while it is sent the very object it was sent last (toolhub/postgresql/base.py)."""
+    while it is sent the very object it was sent last (toolhub/db/postgresql/base.py)."""
     kept = _texts.get(sql)
     if kept is None:
         if len(_texts) >= _TEXTS_KEPT:

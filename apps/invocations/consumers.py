@@ -44,7 +44,7 @@ from apps.invocations.streams import (
     is_run_id,
     refuse,
 )
-from toolhub.metrics import CountedStream
+from toolhub.ops.metrics import CountedStream
 
 logger = logging.getLogger(__name__)
 

@@ -458,7 +458,8 @@ class Outbox:
 
     def _next_batch(self) -> list[tuple[Any, str, dict[str, Any]]]:
         """The next push, with those queued right behind it for the same layer when the
-        layer sends several in one round trip (toolhub.layers.RedisLayer.group_send_many)."""
+        layer sends several in one round trip
+        (toolhub.layers.redis_layer.RedisLayer.group_send_many)."""
         batch = [self.pending.popleft()]
         if self.alone:
             self.alone -= 1
@@ -523,7 +524,7 @@ def _group_send(layer: Any, group: str, envelope: dict[str, Any]) -> None:
         outbox(loop).hand(layer, group, envelope)
         return
     # No server loop in this process (a management command, the test client), or the
-    # server's has stopped under a request still finishing (toolhub/draining.py keeps
+    # server's has stopped under a request still finishing (toolhub/server/draining.py keeps
     # Daphne's running until then; another server may not). In a thread that
     # sync_to_async started, async_to_sync hands the send to the loop that started it:
     # a stopped one never runs it, and the thread waited for ever. Then a loop of its own.

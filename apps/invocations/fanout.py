@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from toolhub import send_batches
+from toolhub.server import send_batches
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +123,9 @@ class Feed:
 
     def _waiting(self) -> list[dict[str, Any]]:
         """The messages already read for this feed and waiting in this process: a layer
-        that reads in batches (toolhub.layers.RedisLayer) says which. A busy run's events
-        then go to each subscriber together, in one write, rather than one by one."""
+        that reads in batches (toolhub.layers.redis_layer.RedisLayer) says which. A busy
+        run's events then go to each subscriber together, in one write, rather than one by
+        one."""
         waiting = getattr(self.layer, "receive_waiting", None)
         if waiting is None:
             return []
@@ -154,7 +155,7 @@ class Feed:
         """Each subscriber takes the whole batch in turn: the last event of the batch (a
         quick call's result) reaches the first subscribers without waiting for the first
         event's fan-out to everyone, and a socket's frames of one batch leave together
-        (toolhub/send_batches.py)."""
+        (toolhub/server/send_batches.py)."""
         if not batch:
             return
         if len(batch) == 1:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from apps.tenants.models import ApiKey, Tenant
 from apps.tools.models import Tool
-from toolhub.postgresql import statement_cursor
+from toolhub.db.postgresql import statement_cursor
 
 
 class ErrorCode(models.TextChoices):

@@ -111,7 +111,7 @@ from apps.tools.models import Effect, Tool
 from apps.tools.permissions import can_execute
 from apps.tools.redaction import redact, shape_of
 from apps.tools.registry import RegisteredTool, registry
-from toolhub import json_input
+from toolhub.web import json_input
 
 logger = logging.getLogger(__name__)
 

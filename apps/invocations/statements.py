@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, models
 
-from toolhub.postgresql import statement_cursor
+from toolhub.db.postgresql import statement_cursor
 
 _statements: dict[tuple[type[models.Model], str, int], str] = {}
 _updates: dict[tuple[type[models.Model], str, tuple[str, ...], tuple[str, ...]], _Update] = {}

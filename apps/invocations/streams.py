@@ -18,8 +18,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from apps.invocations.requests import Identifier
 from apps.tenants.models import Tenant
-from toolhub import json_input
-from toolhub.draining import CLOSE_RESTARTING as CLOSE_RESTARTING  # the server stops: 4012
+from toolhub.server.draining import CLOSE_RESTARTING as CLOSE_RESTARTING  # the server stops: 4012
+from toolhub.web import json_input
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ CLOSE_NOT_FOUND = 4404
 # A replay from a seq whose next events retention pruned (apps/retention/gone.py): 410.
 CLOSE_GONE = 4410
 CLOSE_TOO_SLOW = 4008
-# The server failed the stream: 1011's twin in the range Daphne sends (toolhub/daphne_frames.py).
+# The server failed the stream: 1011's twin in the range Daphne sends
+# (toolhub/server/daphne_frames.py).
 CLOSE_INTERNAL = 4011
 # Streams receive through this process's feeds (apps.invocations.fanout), so they
 # need no channel of their own: an alias absent from CHANNEL_LAYERS gives them none.
@@ -51,7 +52,7 @@ async def refuse(consumer: Any, code: int) -> None:
 class OneWayStream(AsyncJsonWebsocketConsumer):
     """A stream the server writes and the client only reads (the run and approvals streams).
 
-    What a client sends is read with toolhub.json_input and ignored. A message that is
+    What a client sends is read with toolhub.web.json_input and ignored. A message that is
     not JSON (binary, malformed, nested too deeply, too large) closes the stream with
     4400 and an info line: channels' JSON consumer raised there, and Daphne logged a
     traceback and closed with 1011. What arrives once the server closed is dropped.

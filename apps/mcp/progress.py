@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from apps.invocations.requests import progress_sink
-from toolhub import json_input
+from toolhub.web import json_input
 
 # Notifications waiting for the event loop: a server that reports faster than the client
 # reads loses the oldest, never toolhub's memory.

@@ -56,7 +56,7 @@ from apps.tools.contracts import (
 )
 from apps.tools.registry import RegisteredTool, check_contract
 from apps.tools.schema import SchemaError
-from toolhub import json_input
+from toolhub.web import json_input
 
 logger = logging.getLogger(__name__)
 RESULT_FIELDS = ("content", "structuredContent", "isError")

@@ -14,7 +14,7 @@ from apps.tenants.callers import ON_BEHALF_PERMISSION
 from apps.tenants.models import Tenant, validate_principal
 from apps.tenants.scoping import tenants_allowing
 from apps.tools.models import Tool
-from toolhub import json_input
+from toolhub.web import json_input
 
 # What "Let a principal use a tool" writes: a policy (added or changed) and a grant.
 SETUP_PERMISSIONS = ("policies.add_policy", "policies.change_policy", "connections.add_grant")

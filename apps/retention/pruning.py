@@ -5,7 +5,7 @@ approval, votes, run events), reading outside any transaction; if an export was 
 it writes all of them first (apps.retention.export: a temporary file renamed at the
 end), and only then deletes, `batch` records a transaction. On SQLite, where one writer
 holds the database at a time, a transaction of a few hundred rows is a few
-milliseconds: calls wait for it as for any other writer (toolhub/sqlite3/base.py).
+milliseconds: calls wait for it as for any other writer (toolhub/db/sqlite3/base.py).
 
 What is never pruned: a call that is not finished (held, queued, running), a call whose
 approval is still open, and the run events from the first event of such a call on:

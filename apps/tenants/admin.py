@@ -44,8 +44,8 @@ from apps.tenants.models import ApiKey, Membership, Tenant
 from apps.tenants.principals import people
 from apps.tenants.roles import ROLE_GOVERNED
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
-from toolhub.json_input import JSONFormField
-from toolhub.paging import CappedCountPaginator
+from toolhub.web.json_input import JSONFormField
+from toolhub.web.paging import CappedCountPaginator
 
 
 def scoped_choices(site: admin.AdminSite, request: HttpRequest, model: type[Model]) -> Any:
@@ -66,7 +66,7 @@ class ScopedChoicesMixin(BaseModelAdmin[Any]):
     another tenant's row is refused as "not one of the available choices".
 
     Every admin derives from it, so it also gives every model JSONField the form field
-    that reads with toolhub.json_input: JSON nested too deeply is a form error, not a 500.
+    that reads with toolhub.web.json_input: JSON nested too deeply is a form error, not a 500.
     """
 
     formfield_overrides = {JSONField: {"form_class": JSONFormField}}
@@ -95,7 +95,7 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
 
     tenant_field = "tenant"
     superuser_only_fields: tuple[str, ...] = ()
-    # Lists never count a whole table (toolhub.paging); no "(N total)" beside a filter.
+    # Lists never count a whole table (toolhub.web.paging); no "(N total)" beside a filter.
     paginator = CappedCountPaginator
     show_full_result_count = False
     # Tables that grow with traffic (records, events, approvals): search matches whole

@@ -34,7 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
-from toolhub.postgresql import statement_cursor
+from toolhub.db.postgresql import statement_cursor
 
 T = TypeVar("T")
 _M = TypeVar("_M", bound=models.Model)
@@ -73,7 +73,7 @@ def _read_value(using: str = "default") -> int | None:
     wrapper = connections[using]
     if wrapper.connection is None and _checkout_sql_set and using == "default":
         wrapper.ensure_connection()
-        from toolhub.postgresql.pool import NOTHING, taken_at_checkout
+        from toolhub.db.postgresql.pool import NOTHING, taken_at_checkout
 
         answer = taken_at_checkout(wrapper.connection)
         if answer is not NOTHING:
@@ -89,12 +89,12 @@ _checkout_sql_set = False  # checkout_sql() handed to the pool (PostgreSQL with 
 
 def checkout_sql() -> None:
     """Called from TenantsConfig.ready(): on PostgreSQL with psycopg's pool, the pool's
-    checkout check sends the epoch's read (toolhub/postgresql/pool.py)."""
+    checkout check sends the epoch's read (toolhub/db/postgresql/pool.py)."""
     global _checkout_sql_set
     wrapper = connections["default"]
     if wrapper.vendor != "postgresql" or not wrapper.settings_dict["OPTIONS"].get("pool"):
         return
-    from toolhub.postgresql.pool import read_at_checkout
+    from toolhub.db.postgresql.pool import read_at_checkout
 
     read_at_checkout(_select_sql("default"))
     _checkout_sql_set = True

@@ -1,4 +1,4 @@
-"""Every admin form reads JSON with toolhub.json_input: JSON nested too deeply is a form error.
+"""Every admin form reads JSON with toolhub.web.json_input: JSON nested too deeply is a form error.
 
 Walks every registered ModelAdmin and its inlines, so a JSONField added later is covered.
 """
@@ -23,7 +23,7 @@ from tests.support.deep_json import (
     TOO_DEEP,
     logged_tracebacks,
 )
-from toolhub.json_input import JSONFormField
+from toolhub.web.json_input import JSONFormField
 
 pytestmark = pytest.mark.django_db
 

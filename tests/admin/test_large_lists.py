@@ -20,7 +20,7 @@ from apps.invocations.admin import InvocationRecordAdmin
 from apps.invocations.models import InvocationRecord
 from apps.tenants.admin import TenantScopedAdmin
 from apps.tenants.models import Tenant
-from toolhub.paging import CappedCountPaginator
+from toolhub.web.paging import CappedCountPaginator
 
 pytestmark = pytest.mark.django_db
 

@@ -254,7 +254,7 @@ def runs_since(before: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]
 def test_the_start_is_prepared_once_per_connection_and_then_not_planned_again(
     caller, operator, tally
 ):
-    """A queued call's start is the statement PostgreSQL sees most (toolhub/postgresql
+    """A queued call's start is the statement PostgreSQL sees most (toolhub/db/postgresql
     prepared_cursor): it is parsed once per connection and, after PostgreSQL's first five
     custom plans, run on its generic plan, its values bound on the server."""
     tokens = [f"p{n}" for n in range(10)]

@@ -103,7 +103,7 @@ def test_every_api_route_is_in_the_document(document):
 
 def test_no_description_is_a_docstring(document):
     from apps.invocations.api.serializers import InvocationSerializer
-    from toolhub.api import CallerView
+    from toolhub.web.api import CallerView
 
     texts = json.dumps(document)
     for source in (CallerView, InvocationSerializer):

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 
 from apps.approvals.consumers import ApprovalsConsumer
 from toolhub.asgi import application
-from toolhub.metrics import open_streams
+from toolhub.ops.metrics import open_streams
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

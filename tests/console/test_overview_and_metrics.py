@@ -17,7 +17,7 @@ from apps.invocations import stats
 from apps.invocations.models import InvocationRecord
 from apps.tenants.models import Tenant
 from tests.approvals.support import CONFIRM, ECHO, hold
-from toolhub.metrics import open_streams
+from toolhub.ops.metrics import open_streams
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -276,7 +276,7 @@ def test_metrics_count_the_channel_layers_drops_by_group_kind_from_redis(caller)
     layer's script), by a label of four values whatever the groups; without Redis the
     family is absent; a Redis that does not answer leaves it out of the scrape."""
     from tests.support.redis import redis_server
-    from toolhub.layers import RedisLayer
+    from toolhub.layers.redis_layer import RedisLayer
 
     with redis_server() as url, override_settings(TOOLHUB_METRICS_TOKEN=TOKEN):
         assert "toolhub_channel_layer_dropped" not in scrape(token=TOKEN)  # embedded

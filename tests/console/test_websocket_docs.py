@@ -18,8 +18,8 @@ from apps.invocations import streams
 from apps.invocations.models import RunEvent
 from tests.approvals.support import CONFIRM, ECHO, drain_queue, hold
 from tests.conftest import allow
+from toolhub.apidocs.websocket_docs import asyncapi
 from toolhub.asgi import application
-from toolhub.websocket_docs import asyncapi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

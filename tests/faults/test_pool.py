@@ -1,4 +1,4 @@
-"""PostgreSQL's connection pool (toolhub/postgresql/) under load and faults: connections
+"""PostgreSQL's connection pool (toolhub/db/postgresql/) under load and faults: connections
 are reused, an exhausted pool answers 503 after its timeout, slow calls do not pin a
 connection each, and a restart or an outage fails no request beyond the outage itself."""
 
@@ -165,7 +165,7 @@ def test_a_restart_and_an_outage_fail_no_request_beyond_the_outage():
         for _ in range(5):
             assert call(server, "GET", "/api/v1/tools/", key)[0] == 200
         # A restart with no request meanwhile: every pooled connection is broken, and
-        # none of them is handed out (toolhub/postgresql/pool.check).
+        # none of them is handed out (toolhub/db/postgresql/pool.check).
         pg.stop()
         pg.start()
         for _ in range(5):

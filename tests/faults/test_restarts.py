@@ -1,4 +1,4 @@
-"""Clean restarts on a real Daphne (toolhub/draining.py, toolhub/daphne_frames.py).
+"""Clean restarts on a real Daphne (toolhub/server/draining.py, toolhub/server/daphne_frames.py).
 
 On SIGTERM every open stream gets a close frame with 4012 and a reason saying to
 reconnect elsewhere (clients used to see 1006, as after a network failure), a stream
@@ -24,7 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from tests.conftest import allow, make_agent
 from tests.streams.conftest import ws_url
 from tests.support.server import daphne, free_port, invoke
-from toolhub.draining import CLOSE_RESTARTING, RESTART_REASON
+from toolhub.server.draining import CLOSE_RESTARTING, RESTART_REASON
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 

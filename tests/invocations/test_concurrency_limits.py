@@ -29,7 +29,7 @@ from tests.conftest import Agent, allow
 from tests.support import limited_tools
 from tests.support.limited_tools import GATE, GATED, NOOP, STUBBORN, STUBBORN_ID
 from tests.support.threads import start_thread
-from toolhub import metrics
+from toolhub.ops import metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from channels.layers import InMemoryChannelLayer
 
 from apps.invocations import events, fanout
 from tests.support.redis import redis_server
-from toolhub.layers import RedisLayer
+from toolhub.layers.redis_layer import RedisLayer
 
 
 @pytest.fixture
@@ -203,7 +203,7 @@ def test_a_message_the_layer_refuses_is_not_retried_and_owes_no_catch_up(
 
 class BatchingLayer(InMemoryChannelLayer):
     """An in-memory layer that also takes several group messages at once, as RedisLayer
-    does (toolhub/layers.py): it checks every group name before it sends anything."""
+    does (toolhub/layers/redis_layer.py): it checks every group name before it sends anything."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -176,7 +176,7 @@ def test_on_postgresql_a_calls_statements_are_prepared_once_and_then_not_planned
     agent: Agent,
 ) -> None:
     """The statements every call sends with the same text (its record, its run's numbers,
-    its events) are prepared on the connection (toolhub.postgresql.statement_cursor):
+    its events) are prepared on the connection (toolhub.db.postgresql.statement_cursor):
     parsed once, then run on their generic plan; values bound on the server."""
 
     def prepared() -> dict[str, tuple[int, int]]:
@@ -262,12 +262,12 @@ def test_an_expression_in_rows_updated_by_key_goes_through_django(agent: Agent) 
 def test_on_postgresql_a_connection_keeps_one_statement_cursor_while_it_is_free(
     agent: Agent,
 ) -> None:
-    """toolhub.postgresql's prepared cursor is kept per connection and reused once a
+    """toolhub.db.postgresql's prepared cursor is kept per connection and reused once a
     statement is done with it; one asked for while it is in use is another, closed as
     usual; a new connection gets its own; a failed statement frees it too."""
     from django.db import DatabaseError
 
-    from toolhub.postgresql import statement_cursor
+    from toolhub.db.postgresql import statement_cursor
 
     def one(sql: str, params: list) -> tuple:
         with statement_cursor(connection) as cursor:  # Django's wrapper of psycopg's
@@ -302,7 +302,7 @@ def test_on_postgresql_a_long_statement_is_converted_once_and_bound_anew_each_ti
     """The prepared cursor keeps the conversion of a text (placeholders to `$n`) even past
     psycopg's own limits (4 KiB, 50 values), as a worker's start of several calls is;
     each execution still binds its own values, and a literal `%%` stays a `%`."""
-    from toolhub.postgresql import base, statement_cursor
+    from toolhub.db.postgresql import base, statement_cursor
 
     count = 80
     sql = "SELECT '100%%', " + " + ".join(["%s::int"] * count) + " -- " + "x" * 4096

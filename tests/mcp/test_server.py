@@ -42,7 +42,7 @@ def server(transactional_db: None, redis_url: str, settings: Any) -> Iterator[Se
     reaches the server's streams as an admin's change in any process would."""
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "toolhub.layers.RedisLayer",
+            "BACKEND": "toolhub.layers.redis_layer.RedisLayer",
             "CONFIG": {"hosts": [redis_url]},
         }
     }

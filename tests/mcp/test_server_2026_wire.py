@@ -304,7 +304,10 @@ def layered_server(transactional_db: None, settings: Any) -> Iterator[Server]:
     reaches the server's listen streams."""
     with redis_server() as url:
         settings.CHANNEL_LAYERS = {
-            "default": {"BACKEND": "toolhub.layers.RedisLayer", "CONFIG": {"hosts": [url]}}
+            "default": {
+                "BACKEND": "toolhub.layers.redis_layer.RedisLayer",
+                "CONFIG": {"hosts": [url]},
+            }
         }
         with daphne({"REDIS_URL": url}) as base:
             yield base

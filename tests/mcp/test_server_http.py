@@ -231,7 +231,7 @@ def test_a_stopping_server_ends_its_event_streams_and_task_waits_then_exits(serv
     """An event stream and a `tasks/result` waiting for a held call only wait, on the loop:
     they would hold a stopping server for as long as their clients stay. SIGTERM ends
     the stream (the client reconnects elsewhere) and answers the wait with an error that
-    says to ask again (toolhub/draining.py)."""
+    says to ask again (toolhub/server/draining.py)."""
     agent = make_agent("demo", "agent:one")
     allow(agent.tenant, "test__confirm")
     init = {**INIT, "params": {**INIT["params"], "protocolVersion": "2025-11-25"}}

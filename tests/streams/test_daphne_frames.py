@@ -1,4 +1,4 @@
-"""Daphne frames a text once for every socket it goes to (toolhub/daphne_frames.py).
+"""Daphne frames a text once for every socket it goes to (toolhub/server/daphne_frames.py).
 
 The frames are checked with another WebSocket implementation's parser (the `websockets`
 client's) for each header length; against Daphne's own protocol on an in-memory transport
@@ -28,8 +28,8 @@ from websockets.sync.client import ClientConnection
 
 from tests.conftest import allow
 from tests.streams.conftest import EVENT_TIMEOUT, KeyClient, nothing_arrives, open_ws
-from toolhub import send_batches
-from toolhub.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame, write_now
+from toolhub.server import send_batches
+from toolhub.server.daphne_frames import FrameCache, FramingWebSocketFactory, text_frame, write_now
 
 
 def parsed(frame: bytes) -> Frame:

@@ -31,8 +31,8 @@ from apps.invocations.fanout import Feed, feeds_for
 from apps.tools.models import Tool
 from tests.conftest import allow
 from tests.support.feeds import listening
-from toolhub import send_batches
 from toolhub.asgi import application
+from toolhub.server import send_batches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,7 +224,7 @@ async def test_a_feed_hands_a_batch_to_each_subscriber_in_turn():
     await until(lambda: len(second.seen) == 3)
 
     # A subscriber's sends of one batch are held and leave together at the end of its
-    # turn (toolhub/send_batches.py); a lone event is sent as it comes.
+    # turn (toolhub/server/send_batches.py); a lone event is sent as it comes.
     batch_order = [
         *[("first", 1), ("first", "held"), ("first", 2), ("first", "held"), ("first", "sent")],
         *[("second", 1), ("second", "held"), ("second", 2), ("second", "held")],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.streams.conftest import logged_in, operator, refusal
-from toolhub.ws_auth import allowed_origin
+from toolhub.web.ws_auth import allowed_origin
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
 

@@ -1,6 +1,6 @@
-"""toolhub's Redis layer (toolhub/layers.py) sends in fewer round trips than channels-redis
-and must keep its every rule: each test runs against both, on a real Redis, and a process
-of one kind must read what a process of the other sent."""
+"""toolhub's Redis layer (toolhub/layers/redis_layer.py) sends in fewer round trips than
+channels-redis and must keep its every rule: each test runs against both, on a real Redis, and
+a process of one kind must read what a process of the other sent."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from channels_redis.core import RedisChannelLayer
 from apps.invocations import fanout
 from tests.support.redis import redis_server
 from tests.support.server import free_port
-from toolhub import layers
-from toolhub.layers import DROPPED_KEY, RedisLayer, dropped_counts
+from toolhub.layers import redis_layer as layers
+from toolhub.layers.redis_layer import DROPPED_KEY, RedisLayer, dropped_counts
 
 KINDS = [RedisChannelLayer, RedisLayer]
 each_layer = pytest.mark.parametrize("kind", KINDS, ids=lambda kind: kind.__name__)
@@ -339,7 +339,7 @@ def test_a_deployment_with_redis_uses_toolhubs_layer() -> None:
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip().splitlines()[-1] == "toolhub.layers.RedisLayer"
+    assert done.stdout.strip().splitlines()[-1] == "toolhub.layers.redis_layer.RedisLayer"
 
 
 def test_drops_are_counted_by_group_kind_and_logged_once_per_interval_summed(
@@ -350,7 +350,7 @@ def test_drops_are_counted_by_group_kind_and_logged_once_per_interval_summed(
     sum, none per message."""
     monkeypatch.setattr(layers, "DROP_LOG_INTERVAL_S", 0.3)
     monkeypatch.setattr(layers, "drop_log", layers.DropLog())
-    caplog.set_level(logging.INFO, logger="toolhub.layers")
+    caplog.set_level(logging.INFO, logger="toolhub.layers.redis_layer")
 
     async def scenario() -> None:
         here, other_process = (

@@ -1,7 +1,7 @@
 """JSON nested too deeply, for the tests of every entry point that reads JSON from outside.
 
 `json.loads` raises RecursionError on the 20,000-deep texts; it parses the 200-deep
-one, which toolhub.json_input refuses all the same (MAX_DEPTH is 64).
+one, which toolhub.web.json_input refuses all the same (MAX_DEPTH is 64).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Final
 
 import pytest
 
-from toolhub.json_input import MAX_DEPTH
+from toolhub.web.json_input import MAX_DEPTH
 
 
 def nested_object(depth: int) -> str:

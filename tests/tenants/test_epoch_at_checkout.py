@@ -1,5 +1,5 @@
 """On PostgreSQL's pool, the check of a connection taken from the pool carries the epoch's
-read (toolhub/postgresql/pool.py, apps/tenants/epoch.py): the read that takes the
+read (toolhub/db/postgresql/pool.py, apps/tenants/epoch.py): the read that takes the
 connection uses the check's answer, one round trip fewer per request (issue 13). Any
 other read goes to the database, so no answer is older than the read that asked."""
 
@@ -14,7 +14,7 @@ from django.db import connection, transaction
 
 from apps.tenants import epoch
 from apps.tenants.models import AuthzEpoch
-from toolhub.postgresql import pool
+from toolhub.db.postgresql import pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

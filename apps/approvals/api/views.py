@@ -16,8 +16,8 @@ from apps.approvals import decisions
 from apps.approvals.api.serializers import ApprovalSerializer, DecisionSerializer
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.tenants.callers import ApiPrincipal
-from toolhub import openapi_examples as examples
-from toolhub.api import BadRequest, NewestFirst, parse_body
+from toolhub.apidocs import openapi_examples as examples
+from toolhub.web.api import BadRequest, NewestFirst, parse_body
 
 
 class DecisionBody(BaseModel):
@@ -35,7 +35,7 @@ def decidable_by(user: Any) -> QuerySet[ApprovalRequest]:
 
 
 class ApprovalListView(APIView):
-    pagination_class = NewestFirst  # read by the schema (toolhub/openapi.py); get() pages
+    pagination_class = NewestFirst  # read by the schema (toolhub/apidocs/openapi.py); get() pages
 
     @extend_schema(
         operation_id="approvals_list",

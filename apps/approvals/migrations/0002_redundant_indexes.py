@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from toolhub.index_ops import DropFieldIndex
+from toolhub.db.index_ops import DropFieldIndex
 
 
 class Migration(migrations.Migration):

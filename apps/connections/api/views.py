@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from apps.connections.models import Connection
 from apps.connections.permissions import usable_connections
-from toolhub.api import CallerView
+from toolhub.web.api import CallerView
 
 CONNECTION_REF: dict[str, serializers.Field[Any, Any, Any, Any]] = {
     "id": serializers.UUIDField(),

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from apps.invocations import ledger
 from apps.tenants.callers import ApiPrincipal
 from apps.tenants.roles import may
-from toolhub.api import CallerView, parse_body
+from toolhub.web.api import CallerView, parse_body
 
 
 class Invalidation(BaseModel):

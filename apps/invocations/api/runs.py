@@ -12,8 +12,8 @@ from rest_framework.response import Response
 
 from apps.invocations import runs
 from apps.invocations.requests import Identifier
-from toolhub import openapi_examples as examples
-from toolhub.api import BadRequest, CallerView, parse_body
+from toolhub.apidocs import openapi_examples as examples
+from toolhub.web.api import BadRequest, CallerView, parse_body
 
 ToolId = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 

@@ -14,7 +14,7 @@ from apps.invocations import runner
 from apps.invocations.models import ErrorCode
 from apps.invocations.requests import InvocationRequest
 from apps.tenants.callers import ApiPrincipal, Caller, NoTenant, UnknownPrincipal, on_behalf
-from toolhub.api import BadRequest, CallerView, parse_body
+from toolhub.web.api import BadRequest, CallerView, parse_body
 
 
 class SimulationRequest(InvocationRequest):

@@ -8,8 +8,8 @@ from rest_framework.response import Response
 
 from apps.invocations.models import StreamTicket
 from apps.invocations.requests import Identifier
-from toolhub import openapi_examples as examples
-from toolhub.api import CallerView, parse_body
+from toolhub.apidocs import openapi_examples as examples
+from toolhub.web.api import CallerView, parse_body
 
 
 class TicketRequest(BaseModel):

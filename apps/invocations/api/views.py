@@ -15,9 +15,9 @@ from apps.invocations.api.serializers import InvocationSerializer
 from apps.invocations.models import InvocationRecord, Status
 from apps.invocations.requests import InvocationRequest
 from apps.tenants.callers import Caller
-from toolhub import api
-from toolhub import openapi_examples as examples
-from toolhub.api import BadRequest, CallerView, parse_body
+from toolhub.apidocs import openapi_examples as examples
+from toolhub.web import api
+from toolhub.web.api import BadRequest, CallerView, parse_body
 
 
 class NewestFirst(api.NewestFirst):
@@ -58,7 +58,7 @@ def _status_of(record: InvocationRecord) -> int:
 
 
 class InvocationListView(CallerView):
-    pagination_class = NewestFirst  # read by the schema (toolhub/openapi.py); get() pages
+    pagination_class = NewestFirst  # read by the schema (toolhub/apidocs/openapi.py); get() pages
 
     @extend_schema(
         operation_id="invocations_create",

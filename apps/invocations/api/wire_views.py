@@ -19,7 +19,7 @@ from apps.invocations.wire import (
     openai,
     run_batch,
 )
-from toolhub.api import BadRequest, CallerView, parse_body
+from toolhub.web.api import BadRequest, CallerView, parse_body
 
 _CAMEL = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from apps.invocations.models import ErrorCode
 from apps.invocations.wire import CUT_MID_CALL, MalformedRequest, Outcome, Problem, WireCall
-from toolhub import json_input
+from toolhub.web import json_input
 
 FINISHED = frozenset({"tool_calls", "stop", "function_call", "content_filter"})
 """finish_reason values after which every call in the stream is complete (not `length`)."""

@@ -8,7 +8,7 @@ the challenge of apps/oauth/resource.py) and, after `initialize`,
 the `Mcp-Session-Id` it was given. A request whose `MCP-Protocol-Version` is
 2026-07-28 is stateless (`stateless`, modern.py): POST only, no session, its
 `subscriptions/listen` answered with the same kind of stream as GET. The body
-limit of toolhub.limits applies as for every HTTP request: the router sits inside
+limit of toolhub.server.limits applies as for every HTTP request: the router sits inside
 `BodyLimitMiddleware`, and Daphne's request class refuses oversized bodies before
 this app is called.
 
@@ -40,9 +40,10 @@ from apps.oauth import bearer
 from apps.oauth.resource import Refusal, challenge, resource_for
 from apps.tenants.callers import Caller
 from apps.tenants.models import ApiKey
-from toolhub import draining, json_input
-from toolhub.limits import Receive, Scope, Send
-from toolhub.ws_auth import allowed_host, allowed_origin
+from toolhub.server import draining
+from toolhub.server.limits import Receive, Scope, Send
+from toolhub.web import json_input
+from toolhub.web.ws_auth import allowed_host, allowed_origin
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class EventStream:
         watch = key_watch()
         await watch.watch(self.key.pk, self)
         # The server stopping ends the stream, as it closes WebSockets: the client
-        # reconnects to another process (toolhub/draining.py).
+        # reconnects to another process (toolhub/server/draining.py).
         forget = draining.on_stop(self._stopping)
         subscribed: list[str] = []
         try:
@@ -429,7 +430,7 @@ async def _await_task(key: ApiKey, params: dict[str, Any], receive: Receive) -> 
 
     It waits here, on the event loop, re-reading the record every poll interval, so a
     wait of minutes holds no thread; it stops when the client goes away, and when the
-    server stops (the client asks again, of another process: toolhub/draining.py).
+    server stops (the client asks again, of another process: toolhub/server/draining.py).
     """
     gone = asyncio.ensure_future(_disconnected(receive))
     try:

@@ -3,7 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from toolhub.index_ops import DropFieldIndex
+from toolhub.db.index_ops import DropFieldIndex
 
 
 class Migration(migrations.Migration):

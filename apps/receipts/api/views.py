@@ -10,7 +10,7 @@ from apps.invocations.api.views import PRUNED, pruned
 from apps.invocations.models import InvocationRecord
 from apps.receipts.models import DecisionReceipt
 from apps.receipts.verification import header_of
-from toolhub.api import CallerView
+from toolhub.web.api import CallerView
 
 
 class ReceiptSerializer(serializers.Serializer[dict[str, object]]):

@@ -15,8 +15,8 @@ from rest_framework.request import Request
 from apps.invocations import runs
 from apps.invocations.streams import is_run_id
 from apps.tools.listing import FORMATS, catalog_body
-from toolhub import openapi_examples as examples
-from toolhub.api import BadRequest, CallerView
+from toolhub.apidocs import openapi_examples as examples
+from toolhub.web.api import BadRequest, CallerView
 
 TOOL_SPEC = inline_serializer(
     "ToolSpec",

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from apps.approvals.worker import POLL_EVERY_S, Sweeper, build_worker, start_push_loop
-from toolhub.startup import freeze_start_up
+from toolhub.server.startup import freeze_start_up
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""Request parsers (kept apart from toolhub.api: DRF imports them while loading APIView)."""
+"""Request parsers (kept apart from toolhub.web.api: DRF imports them while loading APIView)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Any
 
 from rest_framework import exceptions, parsers
 
-from toolhub import json_input
+from toolhub.web import json_input
 
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser reading with toolhub.json_input: JSON that is not JSON, or that
+    """DRF's JSON parser reading with toolhub.web.json_input: JSON that is not JSON, or that
     is nested too deeply or too large, is a 400 saying which, never a 500."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 from psycopg_pool import PoolTimeout
 
-from toolhub.postgresql.pool import reachability
+from toolhub.db.postgresql.pool import reachability
 
 logger = logging.getLogger(__name__)
 

@@ -139,7 +139,7 @@ class OneThreadASGIHandler(ASGIHandler):
                 # The client left while the view ran: its thread finishes the request's
                 # work, which may need this loop (a call's events are sent on it), so the
                 # request ends with that work and a stopping server waits for it
-                # (toolhub/draining.py).
+                # (toolhub/server/draining.py).
                 await asyncio.wrap_future(thread.submit(_nothing))
         finally:
             self.threads.give(thread)

@@ -24,7 +24,7 @@ WebSocket streams get a close frame first: code 4012 (CLOSE_RESTARTING, the priv
 twin of 1012 "service restart", which Daphne cannot send) and a reason saying to
 reconnect elsewhere; the stop waits for them to close (at most CLOSE_WAIT_S) before
 the reactor drops what is left. A stream opened meanwhile is closed the same way.
-`/healthz` and `/readyz` are still answered (toolhub/health.py): 200, and 503 from the
+`/healthz` and `/readyz` are still answered (toolhub/ops/health.py): 200, and 503 from the
 moment the stop began.
 """
 
@@ -36,7 +36,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from toolhub.limits import ASGIApp, Receive, Scope, Send, send_json
+from toolhub.server.limits import ASGIApp, Receive, Scope, Send, send_json
 
 RETRY_AFTER_S = 1
 CLOSE_RESTARTING = 4012
@@ -151,7 +151,7 @@ def install_daphne_drain(draining: Draining) -> None:
         return
     from twisted.internet import defer, reactor
 
-    from toolhub.daphne_frames import close_streams
+    from toolhub.server.daphne_frames import close_streams
 
     async def stopped(drained: Awaitable[Any], closed: asyncio.Future[None]) -> None:
         with contextlib.suppress(TimeoutError):  # the reactor drops what is left

@@ -1,7 +1,7 @@
 """Reading JSON that comes from outside: one parser, with limits on depth and size.
 
 Every place that decodes JSON a client sent goes through `loads`: the REST and wire APIs
-(toolhub.parsers), a call's `arguments` text, `/mcp/`, WebSocket messages, the admin's
+(toolhub.web.parsers), a call's `arguments` text, `/mcp/`, WebSocket messages, the admin's
 and the console's forms (`JSONFormField` for every admin JSONField). What it refuses
 raises `JsonInputError`, a ValueError with a short message that never quotes the input,
 which each entry point answers as its own 400, form error or protocol error, never as a
@@ -19,7 +19,7 @@ sees it.
 Why it stays cheap: text with at most MAX_DEPTH opening brackets cannot nest deeper,
 and counting them is two `str.count` calls, so a typical call body is never scanned (a
 180-byte body: json.loads 3.5 µs, `loads` +0.2 µs, CPU time on the 2-core test machine;
-toolhub.parsers is 4 µs faster than DRF's parser, which built a decoder per call). Other
+toolhub.web.parsers is 4 µs faster than DRF's parser, which built a decoder per call). Other
 text is scanned with no recursion and no Python step per character: C string operations
 drop escaped quotes, keep only quotes and brackets, and drop what lies inside strings;
 then a shallow document is recognised by removing innermost pairs (n levels are gone

@@ -1,4 +1,5 @@
-"""Daphne's HTTP request with the body limit enforced as bytes arrive (see toolhub/limits.py).
+"""Daphne's HTTP request with the body limit enforced as bytes arrive (see
+toolhub/server/limits.py).
 
 Twisted calls `gotLength` when the headers end and `handleContentChunk` for each piece of
 body; Daphne's `WebRequest` only starts the application once the whole body is in. Refusing
@@ -13,7 +14,7 @@ from typing import Any
 from daphne.http_protocol import HTTPFactory, WebRequest
 from twisted.internet import reactor
 
-from toolhub.limits import LINGER_SECONDS, max_request_bytes, refusal_body
+from toolhub.server.limits import LINGER_SECONDS, max_request_bytes, refusal_body
 
 
 class LimitedRequest(WebRequest):

@@ -132,6 +132,6 @@ def install_daphne_body_limit() -> None:
         from daphne import server
     except ImportError:  # pragma: no cover - Daphne is a dependency
         return
-    from toolhub.daphne_limits import LimitedHTTPFactory
+    from toolhub.server.daphne_limits import LimitedHTTPFactory
 
     server.HTTPFactory = LimitedHTTPFactory

@@ -32,7 +32,7 @@ Daphne handed it a consumer's 1011 as given, and autobahn raised "invalid close 
 into the private range (`daphne_close_code`: 1001-1015 to 4001-4015, as 1008 is 4008).
 And the protocols open in this process are known (`open_streams`), so that a stopping
 server can close each with a code and a reason before Daphne cancels their consumers
-(`close_streams`, toolhub/draining.py): the reactor's end drops every connection
+(`close_streams`, toolhub/server/draining.py): the reactor's end drops every connection
 without one, which clients saw as 1006.
 """
 
@@ -45,7 +45,7 @@ from autobahn.websocket.protocol import PreparedMessage
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import tcp
 
-from toolhub import send_batches
+from toolhub.server import send_batches
 
 # The cache keeps the most recent texts' frames within both bounds; a text over
 # MAX_CACHED_BYTES is framed for its socket alone (as Daphne would).

@@ -78,7 +78,7 @@ class ToolhubAutoSchema(AutoSchema):
         return ""  # docstrings are for maintainers; see the module docstring
 
     def get_override_parameters(self) -> list[Any]:
-        from toolhub.api import CallerView
+        from toolhub.web.api import CallerView
 
         return [TENANT_HEADER] if isinstance(self.view, CallerView) else []
 
@@ -112,7 +112,7 @@ class ToolhubAutoSchema(AutoSchema):
         return schema
 
     def _common_errors(self) -> dict[str, OpenApiResponse]:
-        from toolhub.api import CallerView
+        from toolhub.web.api import CallerView
 
         errors: dict[str, OpenApiResponse] = {}
         if self.get_auth():

@@ -3,7 +3,7 @@
 Code that sends one client several messages in a row (a run's feed handing a subscriber
 the start and the result of a quick call, apps/invocations/fanout.py) marks the stretch
 with `together()`. A transport that can join writes (Daphne's frames,
-toolhub/daphne_frames.py) `hold`s a socket's bytes while a stretch is open and sends them
+toolhub/server/daphne_frames.py) `hold`s a socket's bytes while a stretch is open and sends them
 joined when it closes: one packet for the client to read instead of one per message.
 Where no transport holds anything, the mark changes nothing.
 

@@ -11,7 +11,7 @@ The first request of an outage finds an idle connection, broken: the pool's chec
 (pool.check) then tries one direct connection and, refused, fails the request at once.
 
 `prepared_cursor()` is for the few statements sent thousands of times a minute with the
-same text (the call path's, through `toolhub.postgresql.statement_cursor`): Django's
+same text (the call path's, through `toolhub.db.postgresql.statement_cursor`): Django's
 cursors bind parameters on the client, so PostgreSQL parses, analyses and plans every one
 anew (about 60 % of its CPU per queued call, perf during `bench/decision.py --throughput`).
 Its cursor also keeps psycopg's conversion of each text (`%s` to `$1`, `_KeptQuery`):
@@ -29,7 +29,7 @@ from django.db.backends.postgresql import base, operations
 from django.db.backends.utils import CursorWrapper
 from psycopg._queries import PostgresQuery, _query2pg_nocache
 
-from toolhub.postgresql.pool import Unreachable, probe, reachability
+from toolhub.db.postgresql.pool import Unreachable, probe, reachability
 
 
 class DatabaseOperations(operations.DatabaseOperations):

@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from apps.invocations import concurrency, result_cache, stats
-from toolhub.layers import GROUP_KINDS, dropped_counts
+from toolhub.layers.redis_layer import GROUP_KINDS, dropped_counts
 
 logger = logging.getLogger(__name__)
 

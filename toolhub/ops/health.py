@@ -40,8 +40,8 @@ from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.http.request import split_domain_port, validate_host
 
-from toolhub import draining
-from toolhub.limits import ASGIApp, Receive, Scope, Send
+from toolhub.server import draining
+from toolhub.server.limits import ASGIApp, Receive, Scope, Send
 
 CHECK_TIMEOUT_S = 1.0  # a check's connect and read timeout
 CHECK_EVERY_S = 1.0  # the checks' cadence while probes come
@@ -317,7 +317,7 @@ def readyz_body(checks: dict[str, bool]) -> tuple[int, dict[str, Any]]:
 
 class HealthProbes:
     """`/healthz` and `/readyz` answered in front of `app` (Django), by the drain's leave
-    while the server stops (toolhub/draining.py)."""
+    while the server stops (toolhub/server/draining.py)."""
 
     PATHS = (HEALTHZ, READYZ)
 
