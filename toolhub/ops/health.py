@@ -9,13 +9,13 @@ threads, and while the server drains.
 - `/readyz` is readiness: whether *this* process can serve, from its own checks of the
   database and the channel layer. Each check runs in a thread of its own, on a
   connection of its own (not the database pool, not the channel layer's connections),
-  so the process's load cannot starve it. A probe asks for fresh checks and waits up to
-  FRESH_WAIT_S for them; when they take longer it answers from the newest results, if
-  they are younger than STALE_S (else it waits up to STALE_WAIT_S for fresh ones). A
-  check that fails (refused, an error) makes its dependency down from that probe on; one
+  so the process's load cannot starve it. A probe asks for a new check and answers at
+  once from the newest results, which are younger than STALE_S: while probes keep
+  coming the checks run every CHECK_EVERY_S (and on each probe); the first probe, or
+  the first after IDLE_AFTER_S without one, waits up to STALE_WAIT_S for fresh ones. A
+  check that fails (refused, an error) makes its dependency down from its result on; one
   that only takes longer than CHECK_TIMEOUT_S counts as down once the last success is
-  older than GRACE_S. While probes keep coming, the checks also run every CHECK_EVERY_S,
-  so the newest result is that young. While the server drains, `/readyz` is 503 at once.
+  older than GRACE_S. While the server drains, `/readyz` is 503 at once.
 
 Before this, `/readyz` checked through the process's own paths (a pooled connection on
 a thread, a message through the channel layer, behind the process's stream feeds) and,
@@ -46,8 +46,7 @@ from toolhub.server.limits import ASGIApp, Receive, Scope, Send
 CHECK_TIMEOUT_S = 1.0  # a check's connect and read timeout
 CHECK_EVERY_S = 1.0  # the checks' cadence while probes come
 GRACE_S = 3.0  # a check that only timed out keeps the last success this long
-FRESH_WAIT_S = 0.15  # how long a probe waits for the checks it asked for
-STALE_S = 3.0  # a result this old is not answered from: the probe waits for a fresh one
+STALE_S = 2.0  # a result this old is not answered from: the probe waits for a fresh one
 STALE_WAIT_S = 2.5  # up to this long (PostgreSQL's connect timeout is at least 2 s)
 IDLE_AFTER_S = 60.0  # no probe for this long: the checks wait for the next one
 
@@ -265,14 +264,13 @@ class Readiness:
         }
 
     async def results(self) -> dict[str, bool]:
-        """Ask for fresh checks and wait for them up to FRESH_WAIT_S, on the loop."""
+        """Ask for new checks; answer from the newest results, on the loop."""
         loop = asyncio.get_running_loop()
         waits = {}
         for check in self.checks.values():
             done: asyncio.Future[None] = loop.create_future()
             check.wanted(functools.partial(loop.call_soon_threadsafe, _resolve, done))
             waits[check] = done
-        await asyncio.wait(waits.values(), timeout=FRESH_WAIT_S)
         now = time.monotonic()
         if stale := [done for check, done in waits.items() if check.stale(now)]:
             await asyncio.wait(stale, timeout=STALE_WAIT_S)  # first probe, or after idling
@@ -285,10 +283,10 @@ class Readiness:
             done = threading.Event()
             check.wanted(done.set)
             events[check] = done
-        deadline = time.monotonic() + FRESH_WAIT_S
+        now = time.monotonic()
         for check, done in events.items():
-            if not done.wait(max(0.0, deadline - time.monotonic())) and check.stale(deadline):
-                done.wait(STALE_WAIT_S)
+            if check.stale(now):
+                done.wait(STALE_WAIT_S)  # first probe, or after idling
         return self._answer()
 
     def stop(self) -> None:
