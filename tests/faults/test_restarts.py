@@ -26,7 +26,7 @@ from tests.streams.conftest import ws_url
 from tests.support.server import daphne, free_port, invoke
 from toolhub.server.draining import CLOSE_RESTARTING, RESTART_REASON
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 STREAMS = 150
 
