@@ -585,6 +585,12 @@ TOOLHUB_TOOL_LINGERING_MAX = env_int(
 # Concurrency limits (a tool's max_concurrency, a tenant's max_concurrent_calls): how long
 # a call over the limit waits for a slot before it is refused `rate_limited` with a hint.
 TOOLHUB_CONCURRENCY_WAIT_S = env_int("TOOLHUB_CONCURRENCY_WAIT_S", 10, minimum=0, maximum=300)
+# Call leases (apps/invocations/leases.py, docs/deployment.md): a running call's process
+# renews its lease every fifth of this; a call whose lease ran out (its process died) is
+# settled by the next lease pass of a worker's sweeper, every TOOLHUB_LEASE_SWEEP_MS, or
+# at once by a same-key retry.
+TOOLHUB_CALL_LEASE_MS = env_int("TOOLHUB_CALL_LEASE_MS", 10_000, minimum=500, maximum=600_000)
+TOOLHUB_LEASE_SWEEP_MS = env_int("TOOLHUB_LEASE_SWEEP_MS", 2_000, minimum=100, maximum=60_000)
 # Retention (apps/retention, docs/deployment.md): days a finished call (record, run
 # events, approval) is kept unless its tenant sets its own. Unset keeps everything; 0 or
 # less is refused. The worker prunes every TOOLHUB_RETENTION_EVERY_S seconds.

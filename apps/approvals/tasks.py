@@ -212,7 +212,8 @@ def deliver_webhook(delivery_id: str) -> int:
 
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
-    settle calls whose worker died while running them, count the calls that ended (and
+    settle calls whose lease ran out (apps/invocations/leases.py) or whose worker died
+    while running them, count the calls that ended (and
     repair their missing results), erase the session keys of expired stream tickets, link
     the writes journaled since the last pass into their tenants' audit chains, and delete
     forgotten idempotency keys.
@@ -227,7 +228,7 @@ def sweep() -> dict[str, int]:
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.audit import chain
-    from apps.invocations import ledger, rollups
+    from apps.invocations import leases, ledger, rollups
     from apps.invocations.models import StreamTicket
 
     expired = sum(
@@ -266,7 +267,7 @@ def sweep() -> dict[str, int]:
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
-    settled = settle_interrupted() + settle_abandoned_records()
+    settled = leases.settle_expired() + settle_interrupted() + settle_abandoned_records()
     repair_missing_results()
     rollups.forget_old_minutes(now)
     end_dead_entries()

@@ -15,7 +15,9 @@ import logging
 import os
 import socket
 import threading
+import time
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.db.utils import OperationalError
 from django.tasks import TaskResultStatus
@@ -25,7 +27,7 @@ from django_tasks_db.models import DBTaskResult, get_date_max
 from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from apps.approvals import tasks, wake
-from apps.invocations import events
+from apps.invocations import events, leases
 from apps.retention import schedule as retention
 
 logger = logging.getLogger(__name__)
@@ -292,18 +294,29 @@ def build_worker(
 
 class Sweeper(threading.Thread):
     """Expires overdue approvals, re-enqueues lost ones, settles the work of dead
-    workers and repairs missing result events, every few seconds."""
+    workers and repairs missing result events, every few seconds; between two sweeps,
+    settles the calls whose lease ran out (apps/invocations/leases.py) every
+    TOOLHUB_LEASE_SWEEP_MS."""
 
-    def __init__(self, every: float = SWEEP_EVERY_S) -> None:
+    def __init__(self, every: float = SWEEP_EVERY_S, leases_every: float | None = None) -> None:
         super().__init__(name="toolhub-sweeper", daemon=True)
         self.every = every
+        self.leases_every = (
+            settings.TOOLHUB_LEASE_SWEEP_MS / 1000 if leases_every is None else leases_every
+        )
         self.stopped = threading.Event()
         self.backoff = Backoff("approval sweep")
 
     def run(self) -> None:
-        while not self.stopped.wait(self.backoff.delay or self.every):
+        pause = min(self.every, self.leases_every)
+        due = time.monotonic() + self.every
+        while not self.stopped.wait(self.backoff.delay or pause):
             try:
                 close_old_connections()
+                if time.monotonic() < due and not self.backoff.delay:
+                    leases.settle_expired()
+                    continue
+                due = time.monotonic() + self.every
                 tasks.sweep()
                 retention.tick()  # prunes in its own thread, when due
                 self.backoff.succeeded()

@@ -109,6 +109,13 @@ class InvocationRecord(models.Model):
     # The runner's own retries (unavailable, timeout) of this call before its last try:
     # [{attempt, errorCode, safeMessage, durationMs, retryAfterMs?, waitMs}]. Null: none.
     retries = models.JSONField(null=True, blank=True)
+    # The call's lease (apps/invocations/leases.py): set when it starts running, renewed by
+    # its process while it runs; past it, the process is taken to be dead and the call is
+    # settled. `tool_pending`: True while the tool has not been handed the call (it waits
+    # for a concurrency slot), so a dead process's call is known never to have run.
+    # Nullable without defaults: SQLite adds them without rebuilding the table.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    tool_pending = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

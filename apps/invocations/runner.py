@@ -68,6 +68,7 @@ from apps.invocations import (
     combined,
     concurrency,
     events,
+    leases,
     ledger,
     ratelimit,
     result_cache,
@@ -190,6 +191,7 @@ class Call:
     previous: IdempotencyEntry | None = field(default=None, repr=False)
     # Step 10's attempts that ended unavailable or timeout and were tried again.
     retries: list[dict[str, Any]] = field(default_factory=list)
+    tool_handed: bool = False  # step 10 handed the tool the call (it may have run)
 
     @classmethod
     def receive(cls, caller: Caller, request: InvocationRequest) -> Call:
@@ -540,8 +542,10 @@ class Closing:
 
     def done(self, ends: list[InvocationRecord]) -> None:
         """These ends are written (a statement that committed, or is part of the caller's
-        transaction)."""
+        transaction): their leases are no longer renewed."""
         self._ends = [end for end in self._ends if all(end is not other for other in ends)]
+        for end in ends:
+            leases.keeper.forget(end.pk)
 
     def flush(self) -> None:
         """Write what is left in a transaction of its own: on PostgreSQL one statement
@@ -746,6 +750,8 @@ def _start_together(
             if started is None or not started.applied[n]:  # not started: as it was
                 for name, value in was.items():
                     setattr(call.record, name, value)
+            else:
+                leases.keeper.hold(call.record.pk)  # type: ignore[union-attr]
     if started is not None:
         closing.done(ends)
         for end in ends:
@@ -787,6 +793,8 @@ def _start_combined(
         if started is None or not started.claimed:  # not started: the record as it was
             for name, value in before.items():
                 setattr(record, name, value)
+        else:
+            leases.keeper.hold(record.pk)
     if started is not None:
         closing.done(ends)
         for end in ends:
@@ -855,6 +863,8 @@ def run_started(call: Call) -> InvocationRecord:
     finally:
         if slot is not None and not slot.handed:  # not run on a thread (inline, or refused)
             slot.release()
+        if call.record is not None and call.record.ended_at is None:  # broke off: unrenewed,
+            leases.keeper.forget(call.record.pk)  # its lease runs out and it is settled
 
 
 def _cache_key(call: Call) -> str:
@@ -1306,17 +1316,24 @@ def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
 
     A running (or approved and queued) first attempt may be in another process, so the
     record is the one thing both can see: poll it until it ends, for at most the tool's
-    timeout (times its attempts, with their waits) plus a margin. A held call is answered
-    at once (202, same approval). If it is still unfinished then (its process died, or
-    the queue is slow), the record is returned as it is and the view answers 409.
+    timeout (times its attempts, with their waits) plus a margin, and only while its
+    process renews its lease on time (apps/invocations/leases.py). A held call is
+    answered at once (202, same approval). If it is still unfinished then (its process
+    stopped renewing, or the queue is slow), the record is returned as it is, with the
+    time left on its lease as its retry hint (retryAfterMs, not saved), and the view
+    answers 409.
     """
     deadline = time.monotonic() + call.patience_s + REPLAY_MARGIN_S
     pause, longest = REPLAY_POLL_S
     record = earlier
     while record.status in (Status.RUNNING, Status.QUEUED) and time.monotonic() < deadline:
+        if not leases.fresh(record):
+            break
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, longest)
         record.refresh_from_db()
+    if leases.running(record) and record.lease_expires_at is not None:
+        record.retry_after_ms = leases.hint_ms(record)
     return record
 
 
@@ -1340,6 +1357,10 @@ def find_replay(call: Call) -> InvocationRecord | None:
     entry = ledger.find(caller.tenant, call.key)
     if entry is None:
         return None
+    if leases.expired(entry.record) and leases.settle(entry.record) is not None:
+        entry = ledger.find(caller.tenant, call.key)  # settled: failed, its key free
+        if entry is None:
+            return None
     if ledger.holds(entry):
         return _same_call(call, entry.record)
     call.previous = entry
@@ -1415,7 +1436,14 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
 
 
 # What the start of a held call, now approved, sets on its record.
-STARTING_FIELDS = ("status", "started_at", "args", "request_hash")
+STARTING_FIELDS = (
+    "status",
+    "started_at",
+    "args",
+    "request_hash",
+    "lease_expires_at",
+    "tool_pending",
+)
 
 
 def record_start(call: Call) -> InvocationRecord | None:
@@ -1432,15 +1460,19 @@ def record_start(call: Call) -> InvocationRecord | None:
         with transaction.atomic(savepoint=False):
             statements.update(call.record, STARTING_FIELDS)
             _emit_start(call, now)
+        leases.keeper.hold(call.record.pk)  # renewed once started; forgotten when it ends
         return None
     call.record = InvocationRecord(
         **_record_fields(call),
         idempotency_key=call.key.key if call.key else None,
         status=Status.RUNNING,
         started_at=now,
+        lease_expires_at=leases.expires(),
+        tool_pending=_tool_pending(call),
     )
     ledger.link_retry(call.record, call.previous)
     _no_approval(call.record)
+    leases.keeper.hold(call.record.pk)  # renewed once written; forgotten when it ends
     if call.key is None:
         with _savepoint_if_nested():
             written = _written_together(call.record, [_start_event(call, now)], insert=True)
@@ -1457,9 +1489,33 @@ def record_start(call: Call) -> InvocationRecord | None:
             _claim_key(call)
             _emit_start(call, now)
     except (IntegrityError, KeyTaken):
+        leases.keeper.forget(call.record.pk)
         call.record = None
         return _idempotency_winner(call)
     return None
+
+
+def _tool_pending(call: Call) -> bool | None:
+    """True when the call may wait before its tool runs (for a concurrency slot): should
+    its process die meanwhile, the call is known never to have run (leases.settle). None
+    once the tool has it, or when nothing stands between the start and the tool."""
+    assert call.tool is not None
+    if call.tool_handed:
+        return None
+    tool_limit, tenant_limit = concurrency.limits(call.tool, call.caller.tenant)
+    return True if tool_limit is not None or tenant_limit is not None else None
+
+
+def _tool_begins(call: Call) -> None:
+    """Step 10 hands the tool the call: a record that said it had not is told first, in
+    a statement of its own (a call of a limited tool only), so that from now on a dead
+    process's call counts as one that may have run."""
+    call.tool_handed = True
+    record = call.record
+    if record is None or not record.tool_pending:
+        return
+    record.tool_pending = None
+    InvocationRecord.objects.filter(pk=record.pk).update(tool_pending=None)
 
 
 def _savepoint_if_nested() -> AbstractContextManager[Any]:
@@ -1478,6 +1534,8 @@ def _mark_started(call: Call, now: datetime) -> None:
     call.record.started_at = now
     call.record.args = call.redacted_args()
     call.record.request_hash = call.request_hash
+    call.record.lease_expires_at = leases.expires()
+    call.record.tool_pending = _tool_pending(call)
 
 
 def take_slot(call: Call) -> concurrency.Slot | None:
@@ -1676,6 +1734,7 @@ def execute(call: Call, capabilities: Capabilities, slot: concurrency.Slot | Non
     """
     assert call.registered is not None and call.context is not None
     future: Future[Any] | None = None
+    _tool_begins(call)
     try:
         if call.registered.contract.runs_inline:
             return _run_inline(call, capabilities)
@@ -2007,6 +2066,17 @@ def abandon(record: InvocationRecord, safe_message: str) -> InvocationRecord:
     return _close_record(record, ok=False, refusal=Refusal(ErrorCode.EXECUTION, safe_message))
 
 
+def settle_orphan(record: InvocationRecord, *, never_ran: bool) -> InvocationRecord:
+    """End a call whose lease ran out (apps/invocations/leases.py), with its result event:
+    one that never reached its tool is offered for a retry (`unavailable`, retry now);
+    one that may have run fails `execution`, never run again from here."""
+    if never_ran:
+        refusal = Refusal(ErrorCode.UNAVAILABLE, leases.NEVER_RAN, retry_after_ms=0)
+    else:
+        refusal = Refusal(ErrorCode.EXECUTION, leases.MAY_HAVE_RUN)
+    return _close_record(record, ok=False, refusal=refusal)
+
+
 # What _close_record sets, and the start of a held call that ends without running.
 CLOSING_FIELDS = (
     "started_at",
@@ -2053,8 +2123,9 @@ def _close_record(
         record.retry_after_ms = refusal.retry_after_ms
     record.receipt = _receipt(record, call)
     if closing is not None and not record._state.adding and start is None:
-        closing.add(record)  # written with the worker's next start
+        closing.add(record)  # written with the worker's next start (its lease renewed till)
         return record
+    leases.keeper.forget(record.pk)
     # A record written only now (`start` given) has its start event written with it.
     starting = [_start_event(start, at or record.started_at)] if start is not None else []
     batch = [*starting, _result_event(record)]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -14,20 +15,32 @@ from apps.tools.models import Tool
 
 
 def stuck_call(
-    tenant: Tenant, principal: str, tool_id: str, args: dict[str, Any], key: str
+    tenant: Tenant,
+    principal: str,
+    tool_id: str,
+    args: dict[str, Any],
+    key: str,
+    *,
+    lease_expires_at: datetime | None = None,
+    tool_pending: bool | None = None,
+    tool_call_id: str = "call-stuck",
 ) -> InvocationRecord:
+    """`lease_expires_at` None: a call written before leases (apps/invocations/leases.py)
+    existed, left to the sweeper's timeout rule."""
     tool = Tool.objects.get(pk=tool_id)
     record = InvocationRecord.objects.create(
         tenant=tenant,
         tool=tool,
         tool_ref=tool_id,
-        tool_call_id="call-stuck",
+        tool_call_id=tool_call_id,
         run_id="run-stuck",
         principal=principal,
         idempotency_key=key,
         request_hash=runner.request_hash(tool_id, args, ""),
         status=Status.RUNNING,
         started_at=timezone.now(),
+        lease_expires_at=lease_expires_at,
+        tool_pending=tool_pending,
     )
     claimed = ledger.key_for(tool, principal, "run-stuck", key, args, "")
     assert claimed is not None
