@@ -1357,8 +1357,9 @@ def find_replay(call: Call) -> InvocationRecord | None:
     entry = ledger.find(caller.tenant, call.key)
     if entry is None:
         return None
-    if leases.expired(entry.record) and leases.settle(entry.record) is not None:
-        entry = ledger.find(caller.tenant, call.key)  # settled: failed, its key free
+    if leases.expired(entry.record):  # its process died: settled now (or just was)
+        leases.settle(entry.record)
+        entry = ledger.find(caller.tenant, call.key)  # failed: its key is free
         if entry is None:
             return None
     if ledger.holds(entry):
