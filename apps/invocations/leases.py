@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -77,6 +76,8 @@ class Keeper:
         self._held: set[Any] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._pause = 0.0  # how long the thread sleeps now
 
     def hold(self, pk: Any) -> None:
         with self._lock:
@@ -86,6 +87,8 @@ class Keeper:
                     target=self._run, name="toolhub-lease-keeper", daemon=True
                 )
                 self._thread.start()
+            elif self._pause > renew_s():  # the lease was shortened (settings changed)
+                self._wake.set()
 
     def forget(self, pk: Any) -> None:
         with self._lock:
@@ -97,7 +100,10 @@ class Keeper:
 
     def _run(self) -> None:
         while True:
-            time.sleep(renew_s())
+            with self._lock:
+                self._pause = renew_s()
+            self._wake.wait(self._pause)
+            self._wake.clear()
             with self._lock:
                 held = list(self._held)
                 if not held:
