@@ -252,7 +252,7 @@ class RunConsumer(CountedStream, OneWayStream):
             self.paced_since = self.paced_since or now
             if now - self.paced_since > settings.TOOLHUB_WS_SLOW_CLIENT_SECONDS:
                 logger.info("closing a run stream that cannot keep up (%s)", self.run_id)
-                await self.end_stream(CLOSE_TOO_SLOW)
+                await self._close_lagging()
                 return False
             await asyncio.sleep(wait)
             if self.gone:
@@ -262,6 +262,15 @@ class RunConsumer(CountedStream, OneWayStream):
         await self.send(text_data=text)
         self.last_seq = seq
         return True
+
+    async def _close_lagging(self) -> None:
+        """It cannot keep up: a `stream_lagging` message says where to resume (the last
+        event handed to it), then 4008 (docs/asyncapi.yaml). Sent past the byte budget:
+        two small frames, once."""
+        self.gone = True
+        self.queued.clear()
+        await self.send(text_data=encode(lagging_message(self.run_id, self.last_seq)))
+        await self.close(code=CLOSE_TOO_SLOW, reason=f"lagging: resume with ?after={self.last_seq}")
 
     async def _close_pruned(self, message: dict[str, Any]) -> None:
         """Retention pruned the events asked for: say so, then close with 4410."""
@@ -280,6 +289,18 @@ class RunConsumer(CountedStream, OneWayStream):
             .order_by("seq")
             .values_list("message", flat=True)[:REPLAY_BATCH]
         )
+
+
+def lagging_message(run_id: str, resume_after: int) -> dict[str, Any]:
+    """The `stream_lagging` message (not an event: no `seq`), sent before 4008."""
+    return {
+        "v": 1,
+        "type": "stream_lagging",
+        "runId": run_id,
+        "resumeAfter": resume_after,
+        "detail": "This stream could not keep up with the run's events and is closed (4008): "
+        f"reconnect with ?after={resume_after}.",
+    }
 
 
 @database_sync_to_async

@@ -83,7 +83,8 @@
       var event = JSON.parse(message.data);
       // Retention pruned the events asked for; the stream closes (4410): resume after them.
       if (event.type === "events_pruned") { lastSeq = Math.max(lastSeq, event.throughSeq); return; }
-      if (event.seq <= lastSeq) return;
+      // Not an event (stream_lagging before 4008): the reconnect resumes after lastSeq.
+      if (typeof event.seq !== "number" || event.seq <= lastSeq) return;
       lastSeq = event.seq;
       render(event);
     };

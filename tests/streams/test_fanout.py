@@ -8,6 +8,7 @@ emitted with `events.emit` from a worker thread, the way the runner emits them.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from apps.invocations.events import emit, run_group, tenant_group
 from apps.invocations.fanout import Feed, feeds_for
 from apps.tools.models import Tool
 from tests.conftest import allow
+from tests.console.test_websocket_docs import payload_validator
 from tests.support.feeds import listening
 from toolhub.asgi import application
 from toolhub.server import send_batches
@@ -143,6 +145,51 @@ async def test_a_paced_stream_that_overflows_its_queue_reads_the_rest_from_the_d
     assert await stream.receive_nothing(0.3)
     assert refills >= 1
     await stream.disconnect()
+
+
+async def test_a_stream_that_cannot_keep_up_is_told_where_to_resume_then_closed_with_4008(
+    acme, layer, settings
+):
+    """A subscriber that reads nothing while the run goes on: once it has needed pacing for
+    longer than TOOLHUB_WS_SLOW_CLIENT_SECONDS (small buffers here: a budget of about two
+    events, refilled at about four a second) it gets `stream_lagging` with the seq to
+    resume after, then 4008 with the same in its reason; resuming there loses nothing."""
+    settings.TOOLHUB_WS_SEND_BURST = 600
+    settings.TOOLHUB_WS_SEND_RATE = 1024
+    settings.TOOLHUB_WS_SLOW_CLIENT_SECONDS = 0.3
+    stream = await open_stream(acme, "fan-lagging")
+    assert await emit_calls(acme, "fan-lagging", 30) == list(range(1, 31))
+
+    seen: list[int] = []
+    while True:  # what the stream got before it was closed, read only now
+        output = await stream.receive_output(timeout=10)
+        if output["type"] != "websocket.send":
+            break
+        message = json.loads(output["text"])
+        if message["type"] == "stream_lagging":
+            lagging = message
+            continue
+        seen.append(message["seq"])
+    assert output == {
+        "type": "websocket.close",
+        "code": 4008,
+        "reason": f"lagging: resume with ?after={seen[-1]}",
+    }
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) < 30
+    assert lagging == {
+        "v": 1,
+        "type": "stream_lagging",
+        "runId": "fan-lagging",
+        "resumeAfter": seen[-1],
+        "detail": "This stream could not keep up with the run's events and is closed (4008): "
+        f"reconnect with ?after={seen[-1]}.",
+    }
+    assert not list(payload_validator("streamLagging").iter_errors(lagging))
+
+    settings.TOOLHUB_WS_SEND_BURST = 1024 * 1024
+    again = await open_stream(acme, "fan-lagging", after=lagging["resumeAfter"])
+    assert await read(again, 30 - len(seen)) == list(range(len(seen) + 1, 31))
+    await again.disconnect()
 
 
 # ------------------------------------------------------------ the feed itself

@@ -448,14 +448,19 @@ def test_clients_that_never_read_are_dropped_and_do_not_grow_server_memory_witho
 
 def read_whole_run(server: str, path: str, agent, count: int) -> int:
     """Read a run to its end as a well-behaved client does: when the server closes a
-    stream that needed pacing too long (4008), reconnect after the last seq seen."""
+    stream that needed pacing too long (`stream_lagging`, then 4008), reconnect after the
+    last seq seen, which is the one the server said."""
     last = 0
     deadline = time.monotonic() + 120
     while last < count and time.monotonic() < deadline:
         try:
             with open_ws(server, f"{path}?after={last}", bearer(agent)) as ws:
                 while last < count:
-                    last = json.loads(ws.recv(timeout=30))["seq"]
+                    message = json.loads(ws.recv(timeout=30))
+                    if message["type"] == "stream_lagging":  # then 4008
+                        assert message["resumeAfter"] == last, message
+                        continue
+                    last = message["seq"]
         except ConnectionClosed as closed:
             assert closed.rcvd is not None and closed.rcvd.code == 4008, closed
     return last
