@@ -534,6 +534,8 @@ OAUTH2_PROVIDER = {
     # RFC 9207: the authorization response names its issuer (`iss`, the origin, as in the
     # RFC 8414 metadata), so a client talking to several servers detects a mix-up.
     "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    # Tokens are read from the Authorization header only (apps/oauth/bearer.py).
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
     "ROTATE_REFRESH_TOKEN": True,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
     "ACCESS_TOKEN_EXPIRE_SECONDS": TOOLHUB_OAUTH_TOKEN_TTL_S,
@@ -555,6 +557,10 @@ OAUTH2_PROVIDER = {
         "client_secret_basic",
     ],
 }
+# RFC 9700 §2.1 warns about `http` redirect URIs; native MCP clients need them for their
+# loopback callback (RFC 8252), so toolhub keeps `http` and allows it to loopback only
+# (apps/oauth/server.py plaintext_redirect_problem, at registration and authorization).
+SILENCED_SYSTEM_CHECKS = ["oauth2_provider.W008"]
 # Extra modules whose CONTRACTS are registered next to the built-in tools.
 TOOLHUB_TOOL_MODULES = [
     "apps.tools.builtin.clock",

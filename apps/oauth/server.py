@@ -56,8 +56,34 @@ def issuer_of(resource: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "[::1]", "localhost"})
+
+
+def plaintext_redirect_problem(uri: str) -> str | None:
+    """Why a redirect URI may not be used, or None: `http` only to this machine's
+    loopback (RFC 8252 §7.3, what native MCP clients listen on); anything else must be
+    `https` (RFC 9700 §2.1: a code sent in clear text over a network can be read)."""
+    parts = urlsplit(uri)
+    if parts.scheme != "http":
+        return None
+    host = (parts.hostname or "").lower()
+    if f"[{host}]" in LOOPBACK_HOSTS or host in LOOPBACK_HOSTS:
+        return None
+    return (
+        f"The redirect URI {uri!r} is plain http to another machine: use https, or a "
+        "loopback address (http://127.0.0.1:<port>/...) for a client on this machine."
+    )
+
+
 class Validator(OAuth2Validator):
     """django-oauth-toolkit's validator, plus the delegation a consent made."""
+
+    def validate_redirect_uri(
+        self, client_id: str, redirect_uri: str, request: Any, *args: Any, **kw: Any
+    ) -> bool:
+        if plaintext_redirect_problem(redirect_uri) is not None:
+            return False
+        return bool(super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kw))
 
     def validate_grant_type(
         self, client_id: str, grant_type: str, client: Any, request: Any, *args: Any, **kw: Any

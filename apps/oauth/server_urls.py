@@ -6,7 +6,7 @@ from django.urls import path
 from oauth2_provider import views as toolkit
 
 from apps.oauth.consent import ConsentView
-from apps.oauth.views import when_server_enabled
+from apps.oauth.views import registration, when_server_enabled
 
 app_name = "oauth2_provider"
 
@@ -16,7 +16,7 @@ urlpatterns = [
     path("revoke/", when_server_enabled(toolkit.RevokeTokenView.as_view()), name="revoke-token"),
     path(
         "register/",
-        when_server_enabled(toolkit.DynamicClientRegistrationView.as_view()),
+        registration,
         name="dcr-register",
     ),
     path(

@@ -46,5 +46,19 @@ def run() -> None:
         logger.info("retention: deleted %s", totals)
     except Exception:
         logger.exception("retention: the pruning pass failed; the next one retries")
+    try:
+        if settings.TOOLHUB_OAUTH_SERVER:
+            forget_expired_tokens()
+    except Exception:
+        logger.exception("retention: clearing expired OAuth tokens failed; the next pass retries")
     finally:
         close_old_connections()
+
+
+def forget_expired_tokens() -> None:
+    """Expired and revoked OAuth grants and tokens of toolhub's own authorization server
+    (django-oauth-toolkit's `cleartokens`, in batches): what `manage.py cleartokens` does,
+    on the same schedule as the records' retention."""
+    from oauth2_provider.models import clear_expired
+
+    clear_expired()

@@ -351,3 +351,43 @@ def test_nothing_of_another_tenant_is_offered_or_accepted(admin, client_id):
     forged = admin.post("/oauth/authorize/", data)
     assert forged.status_code == 403
     assert not Delegation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "uri", ["http://evil.test/callback", "http://10.0.0.5:8080/cb", "http://127.0.0.1.evil.test/"]
+)
+def test_a_plain_http_redirect_to_another_machine_is_refused(uri):
+    response = Client().post(
+        "/oauth/register/",
+        {"client_name": "Remote", "redirect_uris": [uri], "token_endpoint_auth_method": "none"},
+        content_type="application/json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_redirect_uri"
+    assert "use https" in response.json()["error_description"]
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["http://127.0.0.1:9/cb", "http://localhost:9/cb", "http://[::1]:9/cb", "https://a.test/"],
+)
+def test_loopback_and_https_redirects_register(uri):
+    assert register([uri])
+
+
+def test_an_http_redirect_to_another_machine_never_gets_a_code(admin):
+    # Registered before the check (or by hand): the authorization endpoint refuses it too.
+    from oauth2_provider.models import Application
+
+    app = Application.objects.create(
+        name="Old",
+        client_type=Application.CLIENT_PUBLIC,
+        authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+        redirect_uris="http://evil.test/callback",
+    )
+    _, challenge = pkce()
+    page = admin.get(
+        authorize_query(app.client_id, challenge, redirect_uri="http://evil.test/callback")
+    )
+    assert page.status_code == 400
+    assert "evil.test" not in page.get("Location", "")

@@ -52,3 +52,27 @@ def test_the_workers_sweeper_prunes(agent, settings):
             schedule._running.join(30)
 
     assert not InvocationRecord.objects.exists()
+
+
+def test_a_pass_forgets_expired_oauth_tokens_and_keeps_live_ones(agent, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from oauth2_provider.models import AccessToken, Application
+
+    settings.TOOLHUB_OAUTH_SERVER = True
+    app = Application.objects.create(
+        name="c",
+        client_type=Application.CLIENT_PUBLIC,
+        authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+        redirect_uris="http://127.0.0.1:9/cb",
+    )
+    now = timezone.now()
+    AccessToken.objects.create(application=app, token="old", expires=now - timedelta(hours=1))
+    AccessToken.objects.create(application=app, token="live", expires=now + timedelta(hours=1))
+
+    thread = schedule.tick()
+    assert thread is not None
+    thread.join(30)
+
+    assert list(AccessToken.objects.values_list("token", flat=True)) == ["live"]
