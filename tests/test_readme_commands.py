@@ -1,5 +1,6 @@
 """The README works as written: its quickstart's shell blocks run, in order, in a copy of
-the project (so `var/` is the copy's), against the demo `make run` starts there.
+the project (so `var/` is the copy's), against the demo `make run` starts there; so do its
+management commands, with no environment.
 
 The one liberty taken: the port. The README says 8000; the copy's server gets a free port
 (`TOOLHUB_PORT`, which the README names) and the commands are run with 8000 replaced by
@@ -142,6 +143,42 @@ def test_the_quickstart_calls_list_the_tools_and_run_one(demo):
 def test_the_send_email_example_is_held_for_approval(demo):
     (held,) = run(demo, block_with("core__send_email"))
     assert held["status"] == "pending_approval" and held["approvalId"], held
+
+
+def readme_command(name: str, slug: str) -> list[str]:
+    """The README's inline `.venv/bin/python manage.py <name> ...` command, `<slug>` filled."""
+    readme = (ROOT / "README.md").read_text()
+    (found,) = re.findall(rf"`(\.venv/bin/python manage\.py {name} [^`]*)`", readme)
+    return found.replace("<slug>", slug).split()
+
+
+def test_the_management_commands_work_after_make_run_without_any_environment(demo):
+    """The README's create_tenant and create_api_key, run as written in the demo's copy with
+    no toolhub variable set: settings read the keys `make run` kept in var/."""
+    copy, _port, env = demo
+    assert (copy / "var" / "secret_key").stat().st_mode & 0o777 == 0o600
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(args), cwd=copy, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    tenant = manage(*readme_command("create_tenant", "newco"))
+    assert tenant.returncode == 0, tenant.stderr
+    issued = manage(*readme_command("create_api_key", "newco"))
+    assert issued.returncode == 0, issued.stderr
+    raw = issued.stdout.strip().splitlines()[-1]
+    check = manage(
+        ".venv/bin/python",
+        "manage.py",
+        "shell",
+        "-c",
+        "from apps.tenants.models import ApiKey;"
+        f"key = ApiKey.objects.for_raw_key({raw!r});"
+        "print(key.tenant.slug, key.principal)",
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip().splitlines()[-1] == "newco agent:x"
 
 
 @pytest.mark.parametrize("interpreter", ["python3.11", "python3.13"])
