@@ -1,5 +1,5 @@
-"""Audit chain bench (issue 48): what the chain costs a call, and how fast it is linked
-and verified.
+"""Audit chain bench (issue 48): what the chain costs a call (linked as written), and how
+fast it is verified.
 
     .venv/bin/python bench/audit.py                       # SQLite: 400 calls, 100k history
     .venv/bin/python bench/audit.py --database postgres   # own PostgreSQL (or DATABASE_URL)
@@ -10,15 +10,14 @@ In a fresh database (migrated in a temp dir, as bench/history.py does):
   - a no-op call (core__get_current_time) through the API in process (Django's test
     client, an API key), p50 and p99 with the audit triggers in place and with them
     dropped (SQLite) or disabled (PostgreSQL), in alternating blocks of --block calls;
-    the difference is what journaling a call's record and events costs it;
+    the difference is what linking a call's record and events costs it;
   - the triggers alone: --probe synthetic calls (a record and two events each, inserted
     by bench/history.py's build_history) with the triggers and without, alternately,
     --probe-rounds times: the difference per call, free of the call path's noise;
-  - the linker (apps.audit.chain.link_pending) over those calls' entries: entries/s;
   - a synthetic history of --history calls (bench/history.py's build_history: a record
-    and two events each, journaled by the triggers as they are inserted), linked, then
-    walked by verify_audit's walk (apps.audit.verify.verify_tenant): entries/s and the
-    process's peak RSS growth (the walk is paged: it should not grow with the history).
+    and two events each, linked by the triggers as they are inserted), walked by
+    verify_audit's walk (apps.audit.verify.verify_tenant): entries/s and the process's
+    peak RSS growth (the walk is paged: it should not grow with the history).
 
 Writes JSON to bench/results/audit-<date>-<database>.json. Nothing here asserts on timings.
 """
@@ -100,7 +99,7 @@ def child(options: argparse.Namespace) -> None:
     django.setup()
     from rest_framework.test import APIClient
 
-    from apps.audit import chain, verify
+    from apps.audit import verify
     from apps.audit.models import AuditEntry
     from apps.tenants.models import Tenant
     from bench.history import build_history
@@ -143,24 +142,14 @@ def child(options: argparse.Namespace) -> None:
     result["probe_calls"] = probed
     result["trigger_cost_per_call_us"] = round((spent[True] - spent[False]) / probed * 1e6, 1)
     result["insert_per_call_us_unchained"] = round(spent[False] / probed * 1e6, 1)
-    started = time.perf_counter()
-    linked = chain.link_pending()
-    result["link_entries"] = linked
-    result["link_entries_per_s"] = round(linked / (time.perf_counter() - started))
 
     n = options.history
     started = time.perf_counter()
     build_history(n, tenant_slug="history", per_run=1000)
     result["history_calls"] = n
     result["history_insert_s"] = round(time.perf_counter() - started, 1)
-    started = time.perf_counter()
-    while chain.link_pending():
-        pass
-    took = time.perf_counter() - started
     tenant = Tenant.objects.get(slug="history")
-    entries = AuditEntry.objects.filter(tenant=tenant).count()
-    result["history_entries"] = entries
-    result["history_link_entries_per_s"] = round(entries / took)
+    result["history_entries"] = AuditEntry.objects.filter(tenant=tenant).count()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     walk = verify.verify_tenant(tenant)

@@ -1,11 +1,12 @@
-"""Linking pending writes into each tenant's chain, and checkpoints for pruning.
+"""Appending to a tenant's chain from Python (checkpoints), linking pending entries left
+by the version 1 triggers (the sweeper's repair pass), and checkpoints for pruning.
 
-The writers only insert a pending entry (a trigger, in their own statement): no lock,
-no read, whatever the tenant. The linker (the sweeper, every pass) takes each tenant's
-pending entries in the order they were journaled, locks that tenant's head row and
-appends them; tenants never wait for one another, and a tenant's calls never wait for
-the linker. Two linkers on one tenant meet on its head row; the second finds the
-entries gone and leaves them to the first.
+The writes of records and events are linked by the triggers as they are written
+(apps.audit.digests): nothing here is on a call's path. `link_pending` takes each
+tenant's pending entries in the order they were journaled, locks that tenant's head row
+and appends them (as version 1: their digests are); after migration 0003 there are none
+unless a database from before it was restored. Two linkers on one tenant meet on its
+head row; the second finds the entries gone and leaves them to the first.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.audit.models import (
+    CURRENT,
     AuditCheckpoint,
     AuditEntry,
     AuditHead,
@@ -24,6 +26,7 @@ from apps.audit.models import (
     Op,
     canonical,
     chain_link,
+    link_v2,
 )
 from apps.receipts import body as receipt_body
 from apps.receipts import keys
@@ -98,6 +101,28 @@ def _link_batch(tenant_id: int, size: int) -> int:
         return 0
 
 
+def append(tenant_id: int, kind: str, row_id: str, op: str, digest: str) -> AuditEntry:
+    """Append one entry (version 2) to the tenant's chain, under its head row: what the
+    triggers do in SQL, for a write made in Python (a checkpoint)."""
+    AuditHead.objects.get_or_create(tenant_id=tenant_id)
+    with transaction.atomic():
+        head = AuditHead.objects.select_for_update().get(tenant_id=tenant_id)
+        n, at = head.n + 1, timezone.now()
+        entry = AuditEntry.objects.create(
+            tenant_id=tenant_id,
+            n=n,
+            v=CURRENT,
+            kind=kind,
+            row_id=row_id,
+            op=op,
+            digest=digest,
+            at=at,
+            link=link_v2(head.link, n, kind, row_id, op, digest, at),
+        )
+        AuditHead.objects.filter(pk=tenant_id).update(n=n, link=entry.link)
+        return entry
+
+
 # Entries journaled this close before the oldest call that stays may be that call's own
 # (the entry's time is the database's, the record's is Python's).
 MARGIN = timedelta(seconds=5)
@@ -143,20 +168,12 @@ def checkpoint(tenant: Tenant, before: datetime) -> AuditCheckpoint | None:
         )
         mark.signature = keys.signer().sign(receipt_body.canonical(mark.body()))
         mark.save(update_fields=["signature"])
-        AuditPending.objects.create(
-            tenant=tenant,
-            kind=Kind.CHECKPOINT,
-            row_id=str(mark.pk),
-            op=Op.INSERT,
-            digest=mark.digest(),
-            at=mark.made_at,
-        )
+        append(tenant.pk, Kind.CHECKPOINT, str(mark.pk), Op.INSERT, mark.digest())
     low = first.n
     while low <= through:  # short transactions, as pruning's own
         high = min(low + BATCH - 1, through)
         entries.filter(n__gte=low, n__lte=high).delete()
         low = high + 1
-    link_tenant(tenant)
     return mark
 
 

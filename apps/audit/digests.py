@@ -8,13 +8,15 @@ time zone), SHA-256 in hex. On SQLite, SHA256() is the function Django registers
 of its connections: a write through a connection without it (the sqlite3 shell) fails
 instead of leaving no trace.
 
-Not audited: a record's `tool` (set to NULL when the tool is deleted), `args_shape`
-(derived from the args), `cancel_requested` (a request, not an outcome) and
-`traceparent` (the caller's trace context, kept by /mcp/ after the call has ended).
+Version 2 (migration 0003) audits every column of a record but its `tool` and
+`retry_of` (links set to NULL when the tool or the earlier attempt is deleted),
+`args_shape` (derived from the args) and `cancel_requested` (a request, not an
+outcome): the receipt and the trace context included. Version 1 (entries linked before
+0003) left out the receipt, the trace context and the columns added after it.
 
 Changing a column list or an expression changes every digest: old entries would no
 longer match their rows. Do it only with a migration that re-creates the triggers and a
-digest version the verifier understands.
+digest version the verifier understands (`AuditEntry.v`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ RECORDS = "invocations_invocationrecord"
 EVENTS = "invocations_runevent"
 PENDING = "audit_auditpending"
 
-RECORD_COLUMNS = (
+RECORD_COLUMNS_V1 = (
     "id",
     "tenant_id",
     "tool_ref",
@@ -46,7 +48,19 @@ RECORD_COLUMNS = (
     "duration_ms",
     "retry_after_ms",
 )
+RECORD_COLUMNS = (
+    *RECORD_COLUMNS_V1,
+    "traceparent",
+    "receipt",
+    "cache_hit",
+    "hooks",
+    "attempt",
+    "retries",
+)
 RECORD_TIMES = ("created_at", "started_at", "ended_at")
+# A change of an ended record that is not an edit: /mcp/ keeps the caller's trace context
+# on the record once the call has returned (apps/mcp/server/tracing.py).
+LATE = ("traceparent",)
 EVENT_COLUMNS = (
     "id",
     "tenant_id",
@@ -73,11 +87,13 @@ def digest_sql(vendor: str, row: str, columns: tuple[str, ...], times: tuple[str
     return f"SHA256(json_array({values}))"
 
 
-def record_digest(vendor: str, row: str) -> str:
-    return digest_sql(vendor, row, RECORD_COLUMNS, RECORD_TIMES)
+def record_digest(vendor: str, row: str, v: int = 2) -> str:
+    columns = RECORD_COLUMNS if v >= 2 else RECORD_COLUMNS_V1
+    return digest_sql(vendor, row, columns, RECORD_TIMES)
 
 
-def event_digest(vendor: str, row: str) -> str:
+def event_digest(vendor: str, row: str, v: int = 2) -> str:
+    """The same columns in both versions."""
     return digest_sql(vendor, row, EVENT_COLUMNS, EVENT_TIMES)
 
 
@@ -91,38 +107,68 @@ def _changed_postgresql(columns: tuple[str, ...]) -> str:
     return f"({old}) IS DISTINCT FROM ({new})"
 
 
-_PENDING_COLUMNS = "tenant_id, kind, row_id, run_id, event_seq, op, digest, at"
+HEADS = "audit_audithead"
+ENTRIES = "audit_auditentry"
+GENESIS = "0" * 64
+_ENTRY_COLUMNS = "tenant_id, n, v, kind, row_id, run_id, event_seq, op, digest, at, link"
+
+
+def _unchanged_but_late_sqlite() -> str:
+    """An ended record whose only change is its trace context, set once."""
+    others = [c for c in RECORD_COLUMNS if c not in LATE]
+    same = " AND ".join(f"OLD.{c} IS NEW.{c}" for c in others)
+    return f"(OLD.traceparent = '' AND NEW.traceparent <> '' AND {same})"
+
+
+def _append_sqlite(kind: str, row_id: str, seq: str, op: str, digest: str) -> str:
+    """The statements that append a write to its tenant's chain (SQLite serialises
+    writers: no lock to take). The entry first, holding the previous link; then its link
+    (over its own columns: the digest computed once); then the head."""
+    now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    # Microseconds since the epoch of `at` (milliseconds here): julianday keeps whole
+    # milliseconds, so the rounding is exact. (No '%s' format: Django's SQLite cursor
+    # takes it for a parameter.)
+    micros = "((CAST(ROUND(julianday(at) * 86400000) AS INTEGER) - 210866760000000) * 1000)"
+    fields = " || '|' || ".join(("n", "kind", "row_id", "op", "digest", micros))
+    text = f"link || '2|' || {fields}"
+    return f"""
+            INSERT OR IGNORE INTO {HEADS} (tenant_id, n, link, verified_n, broken)
+            VALUES (NEW.tenant_id, 0, '{GENESIS}', 0, '');
+            INSERT INTO {ENTRIES} ({_ENTRY_COLUMNS})
+            SELECT NEW.tenant_id, h.n + 1, 2, '{kind}', {row_id}, NEW.run_id, {seq}, {op},
+                   {digest}, {now}, h.link
+            FROM {HEADS} h WHERE h.tenant_id = NEW.tenant_id;
+            UPDATE {ENTRIES} SET link = SHA256({text})
+            WHERE tenant_id = NEW.tenant_id
+              AND n = (SELECT h.n + 1 FROM {HEADS} h WHERE h.tenant_id = NEW.tenant_id);
+            UPDATE {HEADS} SET n = n + 1, link = (
+                SELECT e.link FROM {ENTRIES} e
+                WHERE e.tenant_id = NEW.tenant_id AND e.n = {HEADS}.n + 1
+            ) WHERE tenant_id = NEW.tenant_id;"""  # noqa: S608 (names, not values)
 
 
 def sqlite_triggers() -> list[str]:
-    now = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
     record = record_digest("sqlite", "NEW")
     event = event_digest("sqlite", "NEW")
+    changed_op = (
+        "CASE WHEN OLD.ended_at IS NULL OR "
+        f"{_unchanged_but_late_sqlite()} THEN 'update' ELSE 'edit' END"
+    )
     return [
         f"""CREATE TRIGGER audit_record_written AFTER INSERT ON {RECORDS}
-        BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'record', NEW.id, NEW.run_id, NULL, 'insert', {record}, {now});
-        END""",  # noqa: S608 (names, not values)
+        BEGIN{_append_sqlite("record", "NEW.id", "NULL", "'insert'", record)}
+        END""",
         f"""CREATE TRIGGER audit_record_changed AFTER UPDATE ON {RECORDS}
         WHEN {_changed_sqlite(RECORD_COLUMNS)}
-        BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'record', NEW.id, NEW.run_id, NULL,
-                    CASE WHEN OLD.ended_at IS NULL THEN 'update' ELSE 'edit' END,
-                    {record}, {now});
-        END""",  # noqa: S608
+        BEGIN{_append_sqlite("record", "NEW.id", "NULL", changed_op, record)}
+        END""",
         f"""CREATE TRIGGER audit_event_written AFTER INSERT ON {EVENTS}
-        BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'event', NEW.id, NEW.run_id, NEW.seq, 'insert', {event}, {now});
-        END""",  # noqa: S608
+        BEGIN{_append_sqlite("event", "NEW.id", "NEW.seq", "'insert'", event)}
+        END""",
         f"""CREATE TRIGGER audit_event_changed AFTER UPDATE ON {EVENTS}
         WHEN {_changed_sqlite(EVENT_COLUMNS)}
-        BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'event', NEW.id, NEW.run_id, NEW.seq, 'edit', {event}, {now});
-        END""",  # noqa: S608
+        BEGIN{_append_sqlite("event", "NEW.id", "NEW.seq", "'edit'", event)}
+        END""",
     ]
 
 
@@ -137,24 +183,52 @@ SQLITE_DROP = [
 def postgresql_triggers() -> list[str]:
     record = record_digest("postgresql", "NEW")
     event = event_digest("postgresql", "NEW")
+    others = [c for c in RECORD_COLUMNS if c not in LATE]
+    late = (
+        "OLD.traceparent = '' AND NEW.traceparent <> '' AND "
+        f"({', '.join(f'OLD.{c}' for c in others)}) IS NOT DISTINCT FROM "
+        f"({', '.join(f'NEW.{c}' for c in others)})"
+    )
     return [
+        # The tenant's head row, locked until the writer commits: its writers queue
+        # there, another tenant's never do.
+        f"""CREATE FUNCTION audit_append(p_tenant bigint, p_kind text, p_row text,
+            p_run text, p_seq bigint, p_op text, p_digest text)
+        RETURNS void LANGUAGE plpgsql AS $$
+        DECLARE
+            t timestamptz := clock_timestamp();
+            h_n bigint;
+            h_link text;
+            l text;
+        BEGIN
+            SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = p_tenant FOR UPDATE;
+            IF NOT FOUND THEN
+                INSERT INTO {HEADS} (tenant_id, n, link, verified_n, broken)
+                VALUES (p_tenant, 0, '{GENESIS}', 0, '') ON CONFLICT DO NOTHING;
+                SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = p_tenant FOR UPDATE;
+            END IF;
+            h_n := h_n + 1;
+            l := encode(sha256(convert_to(h_link || '2|' || h_n || '|' || p_kind || '|' || p_row
+                || '|' || p_op || '|' || p_digest || '|'
+                || (extract(epoch from t) * 1000000)::bigint, 'UTF8')), 'hex');
+            INSERT INTO {ENTRIES} ({_ENTRY_COLUMNS})
+            VALUES (p_tenant, h_n, 2, p_kind, p_row, p_run, p_seq, p_op, p_digest, t, l);
+            UPDATE {HEADS} SET n = h_n, link = l WHERE tenant_id = p_tenant;
+        END $$""",  # noqa: S608 (names, not values)
         f"""CREATE FUNCTION audit_journal_record() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'record', NEW.id::text, NEW.run_id, NULL,
-                    CASE WHEN TG_OP = 'INSERT' THEN 'insert'
-                         WHEN OLD.ended_at IS NULL THEN 'update' ELSE 'edit' END,
-                    {record}, clock_timestamp());
+            PERFORM audit_append(NEW.tenant_id, 'record', NEW.id::text, NEW.run_id, NULL,
+                CASE WHEN TG_OP = 'INSERT' THEN 'insert'
+                     WHEN OLD.ended_at IS NULL OR ({late}) THEN 'update' ELSE 'edit' END,
+                {record});
             RETURN NULL;
-        END $$""",  # noqa: S608
+        END $$""",
         f"""CREATE FUNCTION audit_journal_event() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
-            VALUES (NEW.tenant_id, 'event', NEW.id::text, NEW.run_id, NEW.seq,
-                    CASE WHEN TG_OP = 'INSERT' THEN 'insert' ELSE 'edit' END,
-                    {event}, clock_timestamp());
+            PERFORM audit_append(NEW.tenant_id, 'event', NEW.id::text, NEW.run_id, NEW.seq,
+                CASE WHEN TG_OP = 'INSERT' THEN 'insert' ELSE 'edit' END, {event});
             RETURN NULL;
-        END $$""",  # noqa: S608
+        END $$""",
         f"""CREATE TRIGGER audit_record_written AFTER INSERT ON {RECORDS}
         FOR EACH ROW EXECUTE FUNCTION audit_journal_record()""",
         f"""CREATE TRIGGER audit_record_changed AFTER UPDATE ON {RECORDS}
@@ -175,4 +249,5 @@ POSTGRESQL_DROP = [
     f"DROP TRIGGER IF EXISTS audit_event_changed ON {EVENTS}",
     "DROP FUNCTION IF EXISTS audit_journal_record()",
     "DROP FUNCTION IF EXISTS audit_journal_event()",
+    "DROP FUNCTION IF EXISTS audit_append(bigint, text, text, text, bigint, text, text)",
 ]

@@ -1,20 +1,24 @@
 """The tamper-evident chain: per tenant, every record and event write, hashed in order.
 
-A write's entry starts in `AuditPending`, inserted by a trigger in the statement that
-writes the row (whatever wrote it: the runner, the combined PostgreSQL statement, a
-worker, the sweeper, a raw UPDATE), with the digest of the row's audited columns
-(apps.audit.digests). The sweeper links the pending entries of each tenant into its
-chain (`AuditEntry`, position `n`): link n = SHA-256(link n-1 || the entry's canonical
-bytes), the tenant's last position and link kept in `AuditHead`. Pruning leaves an
-`AuditCheckpoint` (the last link of the range it removed), itself chained as an entry.
-See docs/audit.md for what the chain proves and what it does not.
+A trigger appends each write to its tenant's chain in the statement that writes the row
+(whatever wrote it: the runner, the combined PostgreSQL statement, a worker, the
+sweeper, a raw UPDATE): `AuditEntry`, position `n`, with the digest of the row's audited
+columns (apps.audit.digests) and link n = SHA-256(link n-1 || the entry's canonical
+bytes), under the tenant's `AuditHead` row (its last position and link, locked until the
+writer commits: one tenant's writers wait for each other, never for another tenant's).
+Pruning leaves an `AuditCheckpoint` (the last link of the range it removed), itself
+chained as an entry. See docs/audit.md for what the chain proves and what it does not.
+
+Versions (`AuditEntry.v`): 1, the entries linked by the sweeper from `AuditPending`
+before migration 0003 (digest without the receipt and the trace context, link over a
+JSON array); 2, linked as written (every audited column, link over `canonical_v2`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import models
@@ -37,7 +41,8 @@ class Op(models.TextChoices):
 
 
 class AuditPending(models.Model):
-    """A write not linked yet: the queue the triggers fill and the sweeper empties."""
+    """A write journaled but not linked (version 1): the queue the triggers filled before
+    migration 0003, which linked what was left; the sweeper links any that remain."""
 
     id = models.BigAutoField(primary_key=True)
     # No database constraint: the trigger's insert needs no lookup of the tenant.
@@ -74,6 +79,7 @@ class AuditEntry(models.Model):
     digest = models.CharField(max_length=64)
     at = models.DateTimeField()
     link = models.CharField(max_length=64)
+    v = models.PositiveSmallIntegerField(default=1, help_text="Digest and link version.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "n"], name="one_entry_per_n")]
@@ -87,11 +93,34 @@ class AuditEntry(models.Model):
         return canonical(self.n, self.kind, self.row_id, self.op, self.digest, self.at)
 
     def follows(self, previous_link: str) -> bool:
-        return self.link == chain_link(previous_link, self.canonical())
+        if self.v == 1:
+            return self.link == chain_link(previous_link, self.canonical())
+        return self.link == link_v2(
+            previous_link, self.n, self.kind, self.row_id, self.op, self.digest, self.at
+        )
+
+
+CURRENT = 2
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def canonical_v2(n: int, kind: str, row_id: str, op: str, digest: str, at: datetime) -> str:
+    """What a version 2 link hashes after the previous link (both as text): every field
+    is ASCII without a `|`, the time in integer microseconds since the epoch. The
+    triggers build the same text in SQL (apps.audit.digests)."""
+    micros = (at - _EPOCH) // timedelta(microseconds=1)
+    return f"2|{n}|{kind}|{row_id}|{op}|{digest}|{micros}"
+
+
+def link_v2(
+    previous: str, n: int, kind: str, row_id: str, op: str, digest: str, at: datetime
+) -> str:
+    text = previous + canonical_v2(n, kind, row_id, op, digest, at)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def canonical(n: int, kind: str, row_id: str, op: str, digest: str, at: datetime) -> bytes:
-    """The bytes an entry's link hashes after the previous link."""
+    """The bytes a version 1 entry's link hashes after the previous link."""
     return json.dumps([n, kind, row_id, op, digest, at.isoformat()], separators=(",", ":")).encode()
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.db import connection, models
 from django.db.models import Max
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -99,7 +99,55 @@ def verify_tenant(tenant: Tenant, since: datetime | None = None) -> Walk:
         if walk.broken is None:
             _check_head(walk, link)
     walk.pending = AuditPending.objects.filter(tenant=tenant).count()
+    older = unchained(tenant)
+    if older is not None:
+        walk.notes.append(older)
     return walk
+
+
+def chain_began() -> datetime | None:
+    """When the audit app's first migration ran: rows written before have no entry."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    return (
+        MigrationRecorder.Migration.objects.filter(app="audit", name="0001_initial")
+        .values_list("applied", flat=True)
+        .first()
+    )
+
+
+def unchained(tenant: Tenant) -> str | None:
+    """The tenant's rows written before the chain began and never chained since: how
+    many and when (not a break: nothing could chain them as they were written)."""
+    from django.db.models import CharField, Exists, Max, Min, OuterRef
+    from django.db.models.functions import Cast
+
+    from apps.invocations.models import InvocationRecord, RunEvent
+
+    began = chain_began()
+    if began is None:
+        return None
+    entries = AuditEntry.objects.filter(tenant=tenant)
+    records = (
+        InvocationRecord.objects.filter(tenant=tenant, created_at__lt=began)
+        .annotate(key=Cast("pk", CharField()))
+        .filter(~Exists(entries.filter(kind=Kind.RECORD, row_id=OuterRef("key"))))
+        .aggregate(count=models.Count("pk"), first=Min("created_at"), last=Max("created_at"))
+    )
+    events = (
+        RunEvent.objects.filter(tenant=tenant, at__lt=began)
+        .annotate(key=Cast("pk", CharField()))
+        .filter(~Exists(entries.filter(kind=Kind.EVENT, row_id=OuterRef("key"))))
+        .aggregate(count=models.Count("pk"), first=Min("at"), last=Max("at"))
+    )
+    if not records["count"] and not events["count"]:
+        return None
+    times = [t for t in (records["first"], records["last"], events["first"], events["last"]) if t]
+    return (
+        f"{records['count']} records and {events['count']} events written before the chain "
+        f"began (from {min(times).isoformat()} to {max(times).isoformat()}; the chain began "
+        f"{began.isoformat()}): not chained, so not verified"
+    )
 
 
 def _walk(walk: Walk, after: int, link: str, stop: int | None) -> str:
@@ -225,39 +273,45 @@ def _uuid(row_id: str) -> str:
         return row_id
 
 
-def _current(tenant: Tenant, entries: list[AuditEntry]) -> dict[tuple[str, str], str]:
-    """(kind, row id) -> the row's digest now, for the rows these entries name."""
+def _current(tenant: Tenant, entries: list[AuditEntry]) -> dict[tuple[str, str, int], str]:
+    """(kind, row id, version) -> the row's digest now, in each version these entries use,
+    for the rows they name."""
     from apps.invocations.models import InvocationRecord, RunEvent
 
     vendor = connection.vendor
     quote = connection.ops.quote_name
-    found: dict[tuple[str, str], str] = {}
-    records = {_uuid(e.row_id) for e in entries if e.kind == Kind.RECORD}
-    if records:
-        table = quote(InvocationRecord._meta.db_table)
-        records_now = (
-            InvocationRecord.objects.filter(tenant=tenant, pk__in=[uuid.UUID(r) for r in records])
-            .annotate(audit_digest=RawSQL(digests.record_digest(vendor, table), ()))  # noqa: S611 (names)
-            .values_list("pk", "audit_digest")
-        )
-        found.update(((Kind.RECORD, str(pk)), digest) for pk, digest in records_now)
-    events = {int(e.row_id) for e in entries if e.kind == Kind.EVENT}
-    if events:
-        table = quote(RunEvent._meta.db_table)
-        events_now = (
-            RunEvent.objects.filter(tenant=tenant, pk__in=events)
-            .annotate(audit_digest=RawSQL(digests.event_digest(vendor, table), ()))  # noqa: S611 (names)
-            .values_list("pk", "audit_digest")
-        )
-        found.update(((Kind.EVENT, str(pk)), digest) for pk, digest in events_now)
-    marks = {int(e.row_id) for e in entries if e.kind == Kind.CHECKPOINT}
-    for mark in AuditCheckpoint.objects.filter(tenant=tenant, pk__in=marks):
-        found[(Kind.CHECKPOINT, str(mark.pk))] = mark.digest()
+    found: dict[tuple[str, str, int], str] = {}
+    for v in sorted({e.v for e in entries}):
+        chosen = [e for e in entries if e.v == v]
+        records = {_uuid(e.row_id) for e in chosen if e.kind == Kind.RECORD}
+        if records:
+            table = quote(InvocationRecord._meta.db_table)
+            records_now = (
+                InvocationRecord.objects.filter(
+                    tenant=tenant, pk__in=[uuid.UUID(r) for r in records]
+                )
+                .annotate(audit_digest=RawSQL(digests.record_digest(vendor, table, v), ()))  # noqa: S611 (names)
+                .values_list("pk", "audit_digest")
+            )
+            found.update(((Kind.RECORD, str(pk), v), digest) for pk, digest in records_now)
+        events = {int(e.row_id) for e in chosen if e.kind == Kind.EVENT}
+        if events:
+            table = quote(RunEvent._meta.db_table)
+            events_now = (
+                RunEvent.objects.filter(tenant=tenant, pk__in=events)
+                .annotate(audit_digest=RawSQL(digests.event_digest(vendor, table, v), ()))  # noqa: S611 (names)
+                .values_list("pk", "audit_digest")
+            )
+            found.update(((Kind.EVENT, str(pk), v), digest) for pk, digest in events_now)
+        marks = {int(e.row_id) for e in chosen if e.kind == Kind.CHECKPOINT}
+        for mark in AuditCheckpoint.objects.filter(tenant=tenant, pk__in=marks):
+            found[(Kind.CHECKPOINT, str(mark.pk), v)] = mark.digest()
     return found
 
 
-def _key(entry: AuditEntry) -> tuple[str, str]:
-    return (entry.kind, _uuid(entry.row_id) if entry.kind == Kind.RECORD else entry.row_id)
+def _key(entry: AuditEntry) -> tuple[str, str, int]:
+    row = _uuid(entry.row_id) if entry.kind == Kind.RECORD else entry.row_id
+    return (entry.kind, row, entry.v)
 
 
 def _check_rows(tenant: Tenant, entries: list[AuditEntry]) -> Break | None:
@@ -355,6 +409,19 @@ class RecordStatus:
     state: str  # verified | broken | pending | unverified | absent
     text: str
 
+    @property
+    def label(self) -> str:
+        return LABELS[self.state]
+
+
+LABELS = {
+    "verified": "verified",
+    "broken": "broken",
+    "pending": "not yet linked",
+    "unverified": "not verified yet",
+    "absent": "not chained",
+}
+
 
 def record_status(record: Any) -> RecordStatus:
     """Whether the chain verifies up to this call's last entry: from the last verified
@@ -370,13 +437,15 @@ def record_status(record: Any) -> RecordStatus:
         return RecordStatus("pending", "Journaled, not linked yet (the sweeper links it).")
     entry = AuditEntry.objects.filter(tenant=tenant, row_id__in=keys).order_by("-n").first()
     if entry is None:
-        return RecordStatus("absent", "Not in the audit chain (pruned, or written before it).")
+        return RecordStatus(
+            "absent", "Not in the audit chain (pruned, or written before the chain began)."
+        )
     vendor = connection.vendor
     table = connection.ops.quote_name(type(record)._meta.db_table)
     now = (
         type(record)
         .objects.filter(pk=record.pk)
-        .annotate(audit_digest=RawSQL(digests.record_digest(vendor, table), ()))  # noqa: S611 (names)
+        .annotate(audit_digest=RawSQL(digests.record_digest(vendor, table, entry.v), ()))  # noqa: S611 (names)
         .values_list("audit_digest", flat=True)
         .first()
     )

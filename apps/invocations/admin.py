@@ -7,6 +7,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -76,9 +77,9 @@ class InvocationRecordAdmin(TenantScopedAdmin):
             "Times",
             {"fields": ("created_at", "started_at", "ended_at", "duration_ms", "retry_after_ms")},
         ),
-        ("Audit", {"fields": ("audit_chain",)}),
+        ("Audit", {"fields": ("receipt_view", "audit_chain")}),
     )
-    readonly_fields = ("related", "args_json", "result_json", "audit_chain")
+    readonly_fields = ("related", "args_json", "result_json", "receipt_view", "audit_chain")
     actions = ("forget_keys", "forget_principals_keys", "forget_tools_keys")
 
     def get_queryset(self, request: HttpRequest) -> Any:
@@ -141,11 +142,21 @@ class InvocationRecordAdmin(TenantScopedAdmin):
     def result_json(self, record: InvocationRecord) -> str:
         return _pretty(record.result)
 
+    @admin.display(description="Receipt")
+    def receipt_view(self, record: InvocationRecord) -> str:
+        if not record.receipt:
+            return "None yet: a call gets its receipt when it ends."
+        return render_to_string("receipts/_receipt.html", {"record": record})
+
     @admin.display(description="Audit chain")
     def audit_chain(self, record: InvocationRecord) -> str:
         status = verify.record_status(record)
         return format_html(
-            '<span class="toolhub-audit toolhub-audit-{}">{}</span>', status.state, status.text
+            '<span class="toolhub-audit toolhub-audit-{}" id="chain-state">{}</span> '
+            '<span id="chain-text">{}</span>',
+            status.state,
+            status.label,
+            status.text,
         )
 
     def has_add_permission(self, request: HttpRequest) -> bool:

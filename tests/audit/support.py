@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from apps.audit import chain, digests, verify
-from apps.audit.models import AuditPending
+from apps.audit.models import GENESIS, AuditEntry, AuditHead, link_v2
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.models import Tenant
 from tests.approvals.support import ECHO
@@ -62,14 +62,15 @@ def triggers_off() -> Iterator[None]:
 
 
 def written_days_ago(tenant: Tenant, record_ids: list[str], days: int) -> None:
-    """These calls (not linked yet) as if made `days` ago: their rows aged (retention's
-    tests' `age`) and their pending entries journaled then, with the aged rows' digests."""
+    """These calls as if made `days` ago: their rows aged (retention's tests' `age`) with
+    the triggers off, their entries given the aged rows' digests and times, and the
+    tenant's chain linked again from its start (as if written then)."""
     with triggers_off():
         age(record_ids, days)
     records = InvocationRecord.objects.filter(pk__in=record_ids)
     runs = set(records.values_list("run_id", flat=True))
-    pending = list(AuditPending.objects.filter(tenant=tenant, run_id__in=runs))
-    current = verify._current(tenant, pending)  # type: ignore[arg-type]
+    entries = list(AuditEntry.objects.filter(tenant=tenant, run_id__in=runs))
+    current = verify._current(tenant, entries)
     times = {str(pk): at for pk, at in records.values_list("pk", "created_at")}
     times.update(
         (str(pk), at)
@@ -77,7 +78,17 @@ def written_days_ago(tenant: Tenant, record_ids: list[str], days: int) -> None:
             "pk", "at"
         )
     )
-    for item in pending:
-        key = verify._key(item)  # type: ignore[arg-type]
-        item.digest, item.at = current[key], times[key[1]]
-        item.save(update_fields=["digest", "at"])
+    for entry in entries:
+        key = verify._key(entry)
+        entry.digest, entry.at = current[key], times[key[1]]
+        entry.save(update_fields=["digest", "at"])
+    relink(tenant)
+
+
+def relink(tenant: Tenant) -> None:
+    """Every link of the tenant's chain computed again from its start, and its head."""
+    link = GENESIS
+    for entry in AuditEntry.objects.filter(tenant=tenant).order_by("n"):
+        link = link_v2(link, entry.n, entry.kind, entry.row_id, entry.op, entry.digest, entry.at)
+        AuditEntry.objects.filter(pk=entry.pk).update(link=link)
+    AuditHead.objects.filter(tenant=tenant).update(link=link)

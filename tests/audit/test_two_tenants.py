@@ -1,5 +1,7 @@
-"""Issue 48, 3: two tenants writing at once, with two linkers running, lose no link and
-cross none: each tenant's chain holds every one of its rows and none of the other's.
+"""Issue 48, 3: two tenants writing at once (two writers each) lose no link and cross
+none: each tenant's chain holds every one of its rows and none of the other's; and a
+tenant whose chain head is locked by an open transaction does not hold up another's
+calls (the head is per tenant, no global lock).
 
 Threads with connections of their own on PostgreSQL, where writers run concurrently
 (SQLite serialises them anyway)."""
@@ -10,11 +12,10 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from apps.audit import chain
-from apps.audit.models import AuditEntry, AuditPending, Kind
+from apps.audit.models import AuditEntry, AuditHead, AuditPending, Kind
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.models import Tenant
 from tests.approvals.support import ECHO
@@ -24,6 +25,7 @@ from tests.conftest import Agent
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg("postgresql")]
 
 CALLS = 20
+WRITERS = 2  # per tenant
 
 
 def in_thread(work: Callable[[], None], failures: list[BaseException]) -> threading.Thread:
@@ -40,11 +42,11 @@ def in_thread(work: Callable[[], None], failures: list[BaseException]) -> thread
     return thread
 
 
-def writer(agent: Agent) -> Callable[[], None]:
+def writer(agent: Agent, count: int = CALLS // WRITERS) -> Callable[[], None]:
     def write() -> None:
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {agent.key}")
-        for n in range(CALLS):
+        for n in range(count):
             response = client.post(
                 "/api/v1/invocations/",
                 {"toolId": ECHO, "runId": f"run-{agent.tenant.slug}", "args": {"text": str(n)}},
@@ -57,27 +59,70 @@ def writer(agent: Agent) -> Callable[[], None]:
 
 def test_two_tenants_writing_at_once_keep_whole_chains_of_their_own(caller, other):
     failures: list[BaseException] = []
-    writers = [in_thread(writer(agent), failures) for agent in (caller, other)]
-    done = threading.Event()
-
-    def link_until_done() -> None:
-        while not done.is_set():
-            chain.link_pending()
-
-    linkers = [in_thread(link_until_done, failures) for _ in range(2)]
+    writers = [
+        in_thread(writer(agent), failures) for agent in (caller, other) for _ in range(WRITERS)
+    ]
     for thread in writers:
         thread.join()
-    done.set()
-    for thread in linkers:
-        thread.join()
     assert failures == []
-    chain.link_pending()
-    assert not AuditPending.objects.exists()
+    assert not AuditPending.objects.exists()  # linked as written: nothing left to link
 
     for tenant in (caller.tenant, other.tenant):
         assert_chain_holds_its_rows(tenant)
     code, out = verify_audit()
     assert code == 0, out
+
+
+def test_a_tenant_holding_its_head_does_not_hold_up_another(caller, other):
+    """An open transaction holds acme's chain head: globex's call completes meanwhile;
+    acme's waits on acme's head (seen in pg_stat_activity), and completes once it is free."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers: a held head is PostgreSQL's question")
+    writer(caller, 1)()  # both heads exist
+    writer(other, 1)()
+    failures: list[BaseException] = []
+    holding, release = threading.Event(), threading.Event()
+    holder_pid: list[int] = []
+
+    def hold() -> None:
+        with transaction.atomic():
+            AuditHead.objects.select_for_update().get(tenant=caller.tenant)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                holder_pid.append(cursor.fetchone()[0])
+            holding.set()
+            release.wait(60)
+
+    holder = in_thread(hold, failures)
+    assert holding.wait(60)
+    try:
+        blocked = in_thread(writer(caller, 1), failures)
+        waiting_on(holder_pid[0])
+        free = in_thread(writer(other, 1), failures)
+        free.join(60)
+        assert not free.is_alive() and failures == []  # globex's call is done
+        assert blocked.is_alive()  # acme's still waits for its head
+    finally:
+        release.set()
+    holder.join(60)
+    blocked.join(60)
+    assert failures == [] and not blocked.is_alive()
+    code, out = verify_audit()
+    assert code == 0, out
+
+
+def waiting_on(pid: int) -> None:
+    """Until some backend waits for a lock the holder's backend holds."""
+    for _ in range(600):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                [pid],
+            )
+            if cursor.fetchone()[0]:
+                return
+        threading.Event().wait(0.05)
+    raise AssertionError("no call waited for the held head")
 
 
 def assert_chain_holds_its_rows(tenant: Tenant) -> None:
@@ -88,7 +133,7 @@ def assert_chain_holds_its_rows(tenant: Tenant) -> None:
         for pk in InvocationRecord.objects.filter(tenant=tenant).values_list("pk", flat=True)
     }
     events = {str(pk) for pk in RunEvent.objects.filter(tenant=tenant).values_list("pk", flat=True)}
-    assert len(records) == CALLS and len(events) == 2 * CALLS
+    assert len(records) == CALLS // WRITERS * WRITERS and len(events) == 2 * len(records)
     chained_records = {
         str(r) for r in entries.filter(kind=Kind.RECORD).values_list("row_id", flat=True)
     }

@@ -5,12 +5,12 @@ from typing import Any
 
 from django.db import migrations, models
 
-from apps.audit import digests
+from apps.audit import digests, legacy
 
 
 def add_triggers(apps: Any, schema_editor: Any) -> None:
     postgresql = schema_editor.connection.vendor == "postgresql"
-    for statement in digests.postgresql_triggers() if postgresql else digests.sqlite_triggers():
+    for statement in legacy.postgresql_triggers() if postgresql else legacy.sqlite_triggers():
         schema_editor.execute(statement)
 
 
