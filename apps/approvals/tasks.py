@@ -215,8 +215,8 @@ def sweep() -> dict[str, int]:
     settle calls whose lease ran out (apps/invocations/leases.py) or whose worker died
     while running them, count the calls that ended (and
     repair their missing results), erase the session keys of expired stream tickets, link
-    the writes journaled since the last pass into their tenants' audit chains, and delete
-    forgotten idempotency keys.
+    any audit entries left pending by the version 1 triggers (none since audit/0003),
+    and delete forgotten idempotency keys.
 
     Every read goes through an index that holds only the rows needing work (pending,
     approved, executing, running, RUNNING entries, unfolded ends, tickets holding a

@@ -45,7 +45,8 @@ def link_pending(limit: int = PASS_LIMIT) -> int:
     """Link every tenant's pending entries (at most `limit`); how many were linked.
     Reads only the pending queue: an idle pass reads an empty table."""
     linked = 0
-    tenants = list(AuditPending.objects.values_list("tenant_id", flat=True).distinct())
+    version_1 = AuditPending.objects.filter(xid__isnull=True)
+    tenants = list(version_1.values_list("tenant_id", flat=True).distinct())
     for tenant_id in tenants:
         while linked < limit:
             done = _link_batch(tenant_id, min(BATCH, limit - linked))
@@ -67,7 +68,11 @@ def _link_batch(tenant_id: int, size: int) -> int:
     try:
         with transaction.atomic():
             head = AuditHead.objects.select_for_update().get(tenant_id=tenant_id)
-            pending = list(AuditPending.objects.filter(tenant_id=tenant_id).order_by("id")[:size])
+            pending = list(
+                AuditPending.objects.filter(tenant_id=tenant_id, xid__isnull=True).order_by("id")[
+                    :size
+                ]
+            )
             if not pending:
                 return 0
             taken, _ = AuditPending.objects.filter(pk__in=[p.pk for p in pending]).delete()

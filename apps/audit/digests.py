@@ -111,6 +111,7 @@ HEADS = "audit_audithead"
 ENTRIES = "audit_auditentry"
 GENESIS = "0" * 64
 _ENTRY_COLUMNS = "tenant_id, n, v, kind, row_id, run_id, event_seq, op, digest, at, link"
+_PENDING_COLUMNS = "tenant_id, kind, row_id, run_id, event_seq, op, digest, at, xid"
 
 
 def _unchanged_but_late_sqlite() -> str:
@@ -190,8 +191,7 @@ def postgresql_triggers() -> list[str]:
         f"({', '.join(f'NEW.{c}' for c in others)})"
     )
     return [
-        # The tenant's head row, locked until the writer commits: its writers queue
-        # there, another tenant's never do.
+        # One entry appended under the tenant's head row (locked until the commit).
         f"""CREATE FUNCTION audit_append(p_tenant bigint, p_kind text, p_row text,
             p_run text, p_seq bigint, p_op text, p_digest text)
         RETURNS void LANGUAGE plpgsql AS $$
@@ -215,20 +215,47 @@ def postgresql_triggers() -> list[str]:
             VALUES (p_tenant, h_n, 2, p_kind, p_row, p_run, p_seq, p_op, p_digest, t, l);
             UPDATE {HEADS} SET n = h_n, link = l WHERE tenant_id = p_tenant;
         END $$""",  # noqa: S608 (names, not values)
+        # At commit (a deferred constraint trigger, once per pending row: the first does
+        # the work), the transaction's pending writes are appended, tenant by tenant in
+        # ascending id: every transaction takes heads in the same order, so a worker's
+        # transaction that ends one tenant's call and starts another's cannot deadlock
+        # with one doing the reverse; a head is held from there to the commit only.
+        f"""CREATE FUNCTION audit_link_mine() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            me bigint := txid_current();
+            t bigint;
+            p record;
+        BEGIN
+            FOR t IN SELECT DISTINCT tenant_id FROM {PENDING} WHERE xid = me ORDER BY tenant_id
+            LOOP
+                FOR p IN SELECT * FROM {PENDING} WHERE xid = me AND tenant_id = t ORDER BY id
+                LOOP
+                    PERFORM audit_append(t, p.kind, p.row_id, p.run_id, p.event_seq, p.op,
+                                         p.digest);
+                END LOOP;
+                DELETE FROM {PENDING} WHERE xid = me AND tenant_id = t;
+            END LOOP;
+            RETURN NULL;
+        END $$""",  # noqa: S608 (names, not values)
         f"""CREATE FUNCTION audit_journal_record() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            PERFORM audit_append(NEW.tenant_id, 'record', NEW.id::text, NEW.run_id, NULL,
-                CASE WHEN TG_OP = 'INSERT' THEN 'insert'
-                     WHEN OLD.ended_at IS NULL OR ({late}) THEN 'update' ELSE 'edit' END,
-                {record});
+            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
+            VALUES (NEW.tenant_id, 'record', NEW.id::text, NEW.run_id, NULL,
+                    CASE WHEN TG_OP = 'INSERT' THEN 'insert'
+                         WHEN OLD.ended_at IS NULL OR ({late}) THEN 'update' ELSE 'edit' END,
+                    {record}, clock_timestamp(), txid_current());
             RETURN NULL;
-        END $$""",
+        END $$""",  # noqa: S608
         f"""CREATE FUNCTION audit_journal_event() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            PERFORM audit_append(NEW.tenant_id, 'event', NEW.id::text, NEW.run_id, NEW.seq,
-                CASE WHEN TG_OP = 'INSERT' THEN 'insert' ELSE 'edit' END, {event});
+            INSERT INTO {PENDING} ({_PENDING_COLUMNS})
+            VALUES (NEW.tenant_id, 'event', NEW.id::text, NEW.run_id, NEW.seq,
+                    CASE WHEN TG_OP = 'INSERT' THEN 'insert' ELSE 'edit' END,
+                    {event}, clock_timestamp(), txid_current());
             RETURN NULL;
-        END $$""",
+        END $$""",  # noqa: S608
+        f"""CREATE CONSTRAINT TRIGGER audit_link_at_commit AFTER INSERT ON {PENDING}
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION audit_link_mine()""",
         f"""CREATE TRIGGER audit_record_written AFTER INSERT ON {RECORDS}
         FOR EACH ROW EXECUTE FUNCTION audit_journal_record()""",
         f"""CREATE TRIGGER audit_record_changed AFTER UPDATE ON {RECORDS}
@@ -243,6 +270,8 @@ def postgresql_triggers() -> list[str]:
 
 
 POSTGRESQL_DROP = [
+    f"DROP TRIGGER IF EXISTS audit_link_at_commit ON {PENDING}",
+    "DROP FUNCTION IF EXISTS audit_link_mine()",
     f"DROP TRIGGER IF EXISTS audit_record_written ON {RECORDS}",
     f"DROP TRIGGER IF EXISTS audit_record_changed ON {RECORDS}",
     f"DROP TRIGGER IF EXISTS audit_event_written ON {EVENTS}",

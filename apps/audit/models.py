@@ -1,11 +1,13 @@
 """The tamper-evident chain: per tenant, every record and event write, hashed in order.
 
-A trigger appends each write to its tenant's chain in the statement that writes the row
+Triggers append each write to its tenant's chain within the writing transaction
 (whatever wrote it: the runner, the combined PostgreSQL statement, a worker, the
 sweeper, a raw UPDATE): `AuditEntry`, position `n`, with the digest of the row's audited
 columns (apps.audit.digests) and link n = SHA-256(link n-1 || the entry's canonical
-bytes), under the tenant's `AuditHead` row (its last position and link, locked until the
-writer commits: one tenant's writers wait for each other, never for another tenant's).
+bytes), under the tenant's `AuditHead` row (its last position and link). SQLite appends
+in the writing statement; PostgreSQL journals the write in `AuditPending` and appends
+the transaction's writes as it commits, locking heads in tenant order (no deadlock
+between transactions writing two tenants) from there to the commit only.
 Pruning leaves an `AuditCheckpoint` (the last link of the range it removed), itself
 chained as an entry. See docs/audit.md for what the chain proves and what it does not.
 
@@ -41,8 +43,10 @@ class Op(models.TextChoices):
 
 
 class AuditPending(models.Model):
-    """A write journaled but not linked (version 1): the queue the triggers filled before
-    migration 0003, which linked what was left; the sweeper links any that remain."""
+    """A write journaled but not linked yet. Version 2, PostgreSQL: a write of the open
+    transaction `xid`, appended to the chain when it commits (never seen by anyone else).
+    Version 1 (`xid` NULL): the queue the triggers filled before migration 0003, which
+    linked what was left; the sweeper links any that remain."""
 
     id = models.BigAutoField(primary_key=True)
     # No database constraint: the trigger's insert needs no lookup of the tenant.
@@ -56,9 +60,10 @@ class AuditPending(models.Model):
     op = models.CharField(max_length=6, choices=Op.choices)
     digest = models.CharField(max_length=64)
     at = models.DateTimeField()
+    xid = models.BigIntegerField(null=True, blank=True, help_text="The writing transaction.")
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "id"])]
+        indexes = [models.Index(fields=["tenant", "id"]), models.Index(fields=["xid"])]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.row_id} {self.op} (pending)"

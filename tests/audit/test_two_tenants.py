@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.audit.models import AuditEntry, AuditHead, AuditPending, Kind
@@ -141,3 +142,47 @@ def assert_chain_holds_its_rows(tenant: Tenant) -> None:
     assert {r.replace("-", "") for r in chained_records} == {r.replace("-", "") for r in records}
     assert chained_events == events
     assert set(entries.values_list("run_id", flat=True)) == {f"run-{tenant.slug}"}
+
+
+def test_transactions_writing_two_tenants_in_opposite_orders_do_not_deadlock(caller, other):
+    """A worker's transaction ends one tenant's call and starts another's: two of them,
+    in opposite orders, both commit (heads are taken at commit, in tenant order)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers")
+    failures: list[BaseException] = []
+    both_wrote_first = threading.Barrier(2, timeout=60)
+
+    def write(first: Tenant, second: Tenant, run: str) -> Callable[[], None]:
+        def work() -> None:
+            with transaction.atomic():
+                event(first, run, 1)
+                both_wrote_first.wait()  # each holds a write of its first tenant
+                event(second, run, 1)
+
+        return work
+
+    threads = [
+        in_thread(write(caller.tenant, other.tenant, "run-ab"), failures),
+        in_thread(write(other.tenant, caller.tenant, "run-ba"), failures),
+    ]
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    for tenant in (caller.tenant, other.tenant):
+        runs = set(AuditEntry.objects.filter(tenant=tenant).values_list("run_id", flat=True))
+        assert runs == {"run-ab", "run-ba"}
+    code, out = verify_audit()
+    assert code == 0, out
+
+
+def event(tenant: Tenant, run_id: str, seq: int) -> None:
+    RunEvent.objects.create(
+        tenant=tenant,
+        run_id=run_id,
+        seq=seq,
+        type="custom",
+        tool_call_id="call-x",
+        tool_id="test__echo",
+        message={"type": "custom"},
+        at=timezone.now(),
+    )

@@ -1,6 +1,7 @@
 """Link each write as it is written (version 2): the triggers append to the tenant's
-chain under its head row instead of journaling a pending entry for the sweeper; the
-record's digest covers its receipt, trace context and later columns. The pending
+chain under its head row (SQLite: in the writing statement; PostgreSQL: when the writing
+transaction commits) instead of journaling a pending entry for the sweeper; the record's
+digest covers its receipt, trace context and later columns. The pending
 entries left by the version 1 triggers are linked here first, as version 1."""
 
 from typing import Any
@@ -21,7 +22,7 @@ def link_as_written(apps: Any, schema_editor: Any) -> None:
 
 
 def link_left_pending(apps: Any) -> None:
-    pending_model = apps.get_model("audit", "AuditPending")
+    pending_model = apps.get_model("audit", "AuditPending")  # all version 1 here
     entry_model = apps.get_model("audit", "AuditEntry")
     head_model = apps.get_model("audit", "AuditHead")
     tenants = pending_model.objects.values_list("tenant_id", flat=True).distinct()
@@ -66,6 +67,17 @@ class Migration(migrations.Migration):
             model_name="auditentry",
             name="v",
             field=models.PositiveSmallIntegerField(default=1, help_text="Digest and link version."),
+        ),
+        migrations.AddField(
+            model_name="auditpending",
+            name="xid",
+            field=models.BigIntegerField(
+                blank=True, help_text="The writing transaction.", null=True
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="auditpending",
+            index=models.Index(fields=["xid"], name="audit_audit_xid_43ddca_idx"),
         ),
         migrations.RunPython(link_as_written, journal_again),
     ]
