@@ -191,30 +191,6 @@ def postgresql_triggers() -> list[str]:
         f"({', '.join(f'NEW.{c}' for c in others)})"
     )
     return [
-        # One entry appended under the tenant's head row (locked until the commit).
-        f"""CREATE FUNCTION audit_append(p_tenant bigint, p_kind text, p_row text,
-            p_run text, p_seq bigint, p_op text, p_digest text)
-        RETURNS void LANGUAGE plpgsql AS $$
-        DECLARE
-            t timestamptz := clock_timestamp();
-            h_n bigint;
-            h_link text;
-            l text;
-        BEGIN
-            SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = p_tenant FOR UPDATE;
-            IF NOT FOUND THEN
-                INSERT INTO {HEADS} (tenant_id, n, link, verified_n, broken)
-                VALUES (p_tenant, 0, '{GENESIS}', 0, '') ON CONFLICT DO NOTHING;
-                SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = p_tenant FOR UPDATE;
-            END IF;
-            h_n := h_n + 1;
-            l := encode(sha256(convert_to(h_link || '2|' || h_n || '|' || p_kind || '|' || p_row
-                || '|' || p_op || '|' || p_digest || '|'
-                || (extract(epoch from t) * 1000000)::bigint, 'UTF8')), 'hex');
-            INSERT INTO {ENTRIES} ({_ENTRY_COLUMNS})
-            VALUES (p_tenant, h_n, 2, p_kind, p_row, p_run, p_seq, p_op, p_digest, t, l);
-            UPDATE {HEADS} SET n = h_n, link = l WHERE tenant_id = p_tenant;
-        END $$""",  # noqa: S608 (names, not values)
         # At commit (a deferred constraint trigger, once per pending row: the first does
         # the work), the transaction's pending writes are appended, tenant by tenant in
         # ascending id: every transaction takes heads in the same order, so a worker's
@@ -225,14 +201,31 @@ def postgresql_triggers() -> list[str]:
             me bigint := txid_current();
             t bigint;
             p record;
+            h_n bigint;
+            h_link text;
+            at timestamptz;
         BEGIN
             FOR t IN SELECT DISTINCT tenant_id FROM {PENDING} WHERE xid = me ORDER BY tenant_id
             LOOP
+                -- The head locked once and written once per tenant, however many writes.
+                SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = t FOR UPDATE;
+                IF NOT FOUND THEN
+                    INSERT INTO {HEADS} (tenant_id, n, link, verified_n, broken)
+                    VALUES (t, 0, '{GENESIS}', 0, '') ON CONFLICT DO NOTHING;
+                    SELECT n, link INTO h_n, h_link FROM {HEADS} WHERE tenant_id = t FOR UPDATE;
+                END IF;
                 FOR p IN SELECT * FROM {PENDING} WHERE xid = me AND tenant_id = t ORDER BY id
                 LOOP
-                    PERFORM audit_append(t, p.kind, p.row_id, p.run_id, p.event_seq, p.op,
-                                         p.digest);
+                    at := clock_timestamp();
+                    h_n := h_n + 1;
+                    h_link := encode(sha256(convert_to(h_link || '2|' || h_n || '|' || p.kind
+                        || '|' || p.row_id || '|' || p.op || '|' || p.digest || '|'
+                        || (extract(epoch from at) * 1000000)::bigint, 'UTF8')), 'hex');
+                    INSERT INTO {ENTRIES} ({_ENTRY_COLUMNS})
+                    VALUES (t, h_n, 2, p.kind, p.row_id, p.run_id, p.event_seq, p.op, p.digest,
+                            at, h_link);
                 END LOOP;
+                UPDATE {HEADS} SET n = h_n, link = h_link WHERE tenant_id = t;
                 DELETE FROM {PENDING} WHERE xid = me AND tenant_id = t;
             END LOOP;
             RETURN NULL;
@@ -278,5 +271,4 @@ POSTGRESQL_DROP = [
     f"DROP TRIGGER IF EXISTS audit_event_changed ON {EVENTS}",
     "DROP FUNCTION IF EXISTS audit_journal_record()",
     "DROP FUNCTION IF EXISTS audit_journal_event()",
-    "DROP FUNCTION IF EXISTS audit_append(bigint, text, text, text, bigint, text, text)",
 ]
