@@ -212,7 +212,7 @@ def deliver_webhook(delivery_id: str) -> int:
 
 def sweep() -> dict[str, int]:
     """Expire overdue requests, re-enqueue approved calls whose queue entry was lost,
-    settle calls whose lease ran out (apps/invocations/leases.py) or whose worker died
+    settle calls whose lease ran out (runner.settle_lapsed_calls) or whose worker died
     while running them, count the calls that ended (and
     repair their missing results), erase the session keys of expired stream tickets, link
     any audit entries left pending by the version 1 triggers (none since audit/0003),
@@ -228,7 +228,7 @@ def sweep() -> dict[str, int]:
     from apps.approvals import decisions
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.audit import chain
-    from apps.invocations import leases, ledger, rollups
+    from apps.invocations import ledger, rollups, runner
     from apps.invocations.models import StreamTicket
 
     expired = sum(
@@ -267,7 +267,7 @@ def sweep() -> dict[str, int]:
     for pk in orphaned:
         logger.warning("re-enqueueing approved call %s whose queue entry was lost", pk)
         run_approved_call.enqueue(str(pk))
-    settled = leases.settle_expired() + settle_interrupted() + settle_abandoned_records()
+    settled = runner.settle_lapsed_calls() + settle_interrupted() + settle_abandoned_records()
     repair_missing_results()
     rollups.forget_old_minutes(now)
     end_dead_entries()

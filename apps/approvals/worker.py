@@ -27,7 +27,7 @@ from django_tasks_db.models import DBTaskResult, get_date_max
 from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from apps.approvals import tasks, wake
-from apps.invocations import events, leases
+from apps.invocations import events, runner
 from apps.retention import schedule as retention
 
 logger = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ def build_worker(
 class Sweeper(threading.Thread):
     """Expires overdue approvals, re-enqueues lost ones, settles the work of dead
     workers and repairs missing result events, every few seconds; between two sweeps,
-    settles the calls whose lease ran out (apps/invocations/leases.py) every
+    settles the calls whose lease ran out (runner.settle_lapsed_calls) every
     TOOLHUB_LEASE_SWEEP_MS."""
 
     def __init__(self, every: float = SWEEP_EVERY_S, leases_every: float | None = None) -> None:
@@ -314,7 +314,7 @@ class Sweeper(threading.Thread):
             try:
                 close_old_connections()
                 if time.monotonic() < due and not self.backoff.delay:
-                    leases.settle_expired()
+                    runner.settle_lapsed_calls()
                     continue
                 due = time.monotonic() + self.every
                 tasks.sweep()

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 
 from apps.invocations.models import InvocationRecord, Status
@@ -157,47 +157,3 @@ def hint_ms(record: InvocationRecord, now: datetime | None = None) -> int:
         return 1000
     left = (at - (now or timezone.now())).total_seconds() * 1000
     return max(1, math.ceil(left))
-
-
-def settle(record: InvocationRecord) -> InvocationRecord | None:
-    """End a call whose lease ran out, with its result event: `unavailable` if it never
-    reached its tool, else `execution`. Locked and read again first: a call that ended,
-    or whose lease was renewed, meanwhile is left alone (None)."""
-    from apps.approvals.models import ApprovalRequest, ApprovalStatus
-    from apps.invocations import runner
-
-    with transaction.atomic():
-        now = timezone.now()
-        current = (
-            InvocationRecord.objects.select_for_update(of=("self",))
-            .select_related("tenant", "tool")
-            .filter(
-                pk=record.pk,
-                ended_at__isnull=True,
-                status=Status.RUNNING,
-                lease_expires_at__lte=now,
-            )
-            .first()
-        )
-        if current is None:
-            return None
-        settled = runner.settle_orphan(current, never_ran=bool(current.tool_pending))
-        ApprovalRequest.objects.filter(
-            invocation_id=current.pk, status=ApprovalStatus.EXECUTING
-        ).update(status=ApprovalStatus.FAILED)
-    logger.warning(
-        "settled call %s (%s) whose process stopped renewing its lease: %s",
-        current.pk,
-        current.tool_ref,
-        settled.error_code,
-    )
-    return settled
-
-
-def settle_expired(limit: int = 500) -> int:
-    """The sweeper's lease pass: settle every running call whose lease ran out. Reads the
-    unfinished calls only (invocations_unfinished_idx), a handful whatever the history."""
-    candidates = InvocationRecord.objects.filter(
-        ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=timezone.now()
-    ).only("pk")[:limit]
-    return sum(settle(record) is not None for record in candidates)

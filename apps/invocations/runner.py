@@ -1358,7 +1358,7 @@ def find_replay(call: Call) -> InvocationRecord | None:
     if entry is None:
         return None
     if leases.expired(entry.record):  # its process died: settled now (or just was)
-        leases.settle(entry.record)
+        settle_lapsed(entry.record)
         entry = ledger.find(caller.tenant, call.key)  # failed: its key is free
         if entry is None:
             return None
@@ -1498,7 +1498,7 @@ def record_start(call: Call) -> InvocationRecord | None:
 
 def _tool_pending(call: Call) -> bool | None:
     """True when the call may wait before its tool runs (for a concurrency slot): should
-    its process die meanwhile, the call is known never to have run (leases.settle). None
+    its process die meanwhile, the call is known never to have run (settle_lapsed). None
     once the tool has it, or when nothing stands between the start and the tool."""
     assert call.tool is not None
     if call.tool_handed:
@@ -2076,6 +2076,49 @@ def settle_orphan(record: InvocationRecord, *, never_ran: bool) -> InvocationRec
     else:
         refusal = Refusal(ErrorCode.EXECUTION, leases.MAY_HAVE_RUN)
     return _close_record(record, ok=False, refusal=refusal)
+
+
+def settle_lapsed(record: InvocationRecord) -> InvocationRecord | None:
+    """End a call whose lease ran out, with its result event: `unavailable` if it never
+    reached its tool, else `execution`. Locked and read again first: a call that ended,
+    or whose lease was renewed, meanwhile is left alone (None)."""
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+
+    with transaction.atomic():
+        now = timezone.now()
+        current = (
+            InvocationRecord.objects.select_for_update(of=("self",))
+            .select_related("tenant", "tool")
+            .filter(
+                pk=record.pk,
+                ended_at__isnull=True,
+                status=Status.RUNNING,
+                lease_expires_at__lte=now,
+            )
+            .first()
+        )
+        if current is None:
+            return None
+        settled = settle_orphan(current, never_ran=bool(current.tool_pending))
+        ApprovalRequest.objects.filter(
+            invocation_id=current.pk, status=ApprovalStatus.EXECUTING
+        ).update(status=ApprovalStatus.FAILED)
+    leases.logger.warning(
+        "settled call %s (%s) whose process stopped renewing its lease: %s",
+        current.pk,
+        current.tool_ref,
+        settled.error_code,
+    )
+    return settled
+
+
+def settle_lapsed_calls(limit: int = 500) -> int:
+    """The sweeper's lease pass: settle every running call whose lease ran out. Reads the
+    unfinished calls only (invocations_unfinished_idx), a handful whatever the history."""
+    candidates = InvocationRecord.objects.filter(
+        ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=timezone.now()
+    ).only("pk")[:limit]
+    return sum(settle_lapsed(record) is not None for record in candidates)
 
 
 # What _close_record sets, and the start of a held call that ends without running.

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.approvals.tasks import sweep
-from apps.invocations import leases
+from apps.invocations import leases, runner
 from apps.invocations.models import InvocationRecord, RunEvent, Status
 from apps.tools.models import Tool
 from apps.tools.registry import registry
@@ -196,7 +196,7 @@ def test_the_sweeper_settles_expired_leases_by_whether_the_tool_had_the_call(tes
     assert (event["errorCode"], event["retryAfterMs"]) == ("unavailable", 0)
     assert alive.status == Status.RUNNING
     assert no_lease.status == Status.RUNNING  # the timeout rule's, later
-    assert leases.settle_expired() == 0  # settled once
+    assert runner.settle_lapsed_calls() == 0  # settled once
 
 
 def test_a_same_key_retry_of_a_call_that_never_ran_runs_it(tester):
@@ -209,7 +209,7 @@ def test_a_same_key_retry_of_a_call_that_never_ran_runs_it(tester):
         lease_expires_at=ago(1),
         tool_pending=True,
     )
-    assert leases.settle_expired() == 1
+    assert runner.settle_lapsed_calls() == 1
 
     retry = tester.invoke(SLEEP, args=ARGS, idempotencyKey="pending-1")
 
@@ -233,7 +233,7 @@ def test_a_held_call_whose_worker_stopped_renewing_fails_with_its_approval(teste
         status=Status.RUNNING, started_at=timezone.now(), lease_expires_at=ago(1)
     )
 
-    assert leases.settle_expired() == 1
+    assert runner.settle_lapsed_calls() == 1
 
     approval.refresh_from_db()
     record = InvocationRecord.objects.get(pk=approval.invocation_id)
@@ -254,7 +254,7 @@ def test_a_call_whose_lease_is_renewed_while_it_runs_past_it_is_not_settled(
     start_thread(lambda: answers.put(tester.invoke(SLOW, **body)))
     settled = 0
     while answers.empty():
-        settled += leases.settle_expired()
+        settled += runner.settle_lapsed_calls()
         time.sleep(0.05)
 
     answer = answers.get()
