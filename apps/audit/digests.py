@@ -205,6 +205,11 @@ def postgresql_triggers() -> list[str]:
             h_link text;
             at timestamptz;
         BEGIN
+            -- Linked already by an earlier firing of this transaction: one lookup by key,
+            -- so a transaction of N writes costs N lookups, not N scans of its journal.
+            IF NOT EXISTS (SELECT 1 FROM {PENDING} WHERE id = NEW.id) THEN
+                RETURN NULL;
+            END IF;
             FOR t IN SELECT DISTINCT tenant_id FROM {PENDING} WHERE xid = me ORDER BY tenant_id
             LOOP
                 -- The head locked once and written once per tenant, however many writes.
