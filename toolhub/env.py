@@ -76,6 +76,20 @@ def env_json_list(name: str) -> list[object]:
     return value
 
 
+def env_json_object(name: str) -> dict[str, object]:
+    """A JSON object (empty when unset); anything else is refused with the variable's name."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object; got {type(value).__name__}")
+    return value
+
+
 # Secret keys that must never protect a real deployment.
 INSECURE_SECRET_KEYS = {"", "changeme", "change-me", "secret", "insecure", "django-insecure"}
 

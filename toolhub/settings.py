@@ -16,6 +16,7 @@ from toolhub.env import (
     env_bool,
     env_int,
     env_json_list,
+    env_json_object,
     env_list,
     env_secret,
     env_str,
@@ -577,6 +578,11 @@ TOOLHUB_TOOL_THREADS = env_int("TOOLHUB_TOOL_THREADS", 128, minimum=1, maximum=1
 # Hooks (docs/hooks.md): code that takes part in every tool call, as a JSON list of
 # entries; the system check (manage.py check) refuses one that does not load.
 TOOLHUB_HOOKS = env_json_list("TOOLHUB_HOOKS")
+# The idempotency strategy of a tool whose contract names none, per effect, over the
+# shipped ones (apps/tools/call_settings.py SHIPPED_DEFAULTS): a JSON object such as
+# {"read_only": {"strategy": "none"}, "external_side_effect": {"scope": "principal",
+# "ttl_s": 3600}}. A bad entry stops start-up, named.
+TOOLHUB_IDEMPOTENCY_DEFAULTS = env_json_object("TOOLHUB_IDEMPOTENCY_DEFAULTS")
 # How long one hook may run (ms), cut to the time the call has left.
 TOOLHUB_HOOK_TIMEOUT_MS = env_int("TOOLHUB_HOOK_TIMEOUT_MS", 2000, minimum=10, maximum=600_000)
 # Tool threads whose call already ended (timeout, cancelled) but whose code still runs

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -67,21 +68,25 @@ def key_for(
     args: dict[str, Any],
     connection_id: str,
 ) -> Key | None:
-    """The call's key by its tool's strategy, or None when it has none."""
+    """The call's key, or None when it has none. `run_id` is the run the caller named
+    ("" for none). A caller's own key wins over a derived one, whatever the strategy
+    (but `none`): API.md promises that a retry with the same key never runs again. A
+    derived key (auto, params) scoped to the run needs a run: without one the call is
+    deduplicated by the caller's key only, as `custom`. `Key.strategy` is what applied."""
     settings = effective(tool)
     if settings.strategy == "none":
         return None
-    if settings.strategy == "custom":
-        if caller_key is None:
-            return None
-        key = caller_key
+    if caller_key is not None:
+        key, strategy = caller_key, "custom"
+    elif settings.strategy == "custom" or (settings.scope == "run" and not run_id):
+        return None
     elif settings.strategy == "auto":
-        key = "auto:" + _hash([tool.id, args, connection_id or ""])[:40]
+        key, strategy = "auto:" + _hash([tool.id, args, connection_id or ""])[:40], "auto"
     else:
         named = {name: args.get(name) for name in settings.params}
-        key = "params:" + _hash([tool.id, named, connection_id or ""])[:40]
+        key, strategy = "params:" + _hash([tool.id, named, connection_id or ""])[:40], "params"
     digest = _hash([*partition(settings.scope, principal, run_id), key])
-    return Key(key, digest, settings.strategy, settings.scope, settings.ttl_s)
+    return Key(key, digest, strategy, settings.scope, settings.ttl_s)
 
 
 def partition(scope: str, principal: str, run_id: str) -> list[str]:
@@ -171,6 +176,22 @@ def invalidate(tenant: Tenant, *, key: str = "", tool_ref: str = "", principal: 
     if principal:
         entries = entries.filter(principal=principal)
     return entries.update(expires_at=now)
+
+
+def invalidate_tools(tenants: Iterable[Tenant], tool_refs: Iterable[str]) -> int:
+    """Forget every remembered key of these tools in these tenants (the tool admin's
+    action; `invalidate` per tenant and tool that holds any). Answers how many."""
+    refs = list(tool_refs)
+    held = (
+        IdempotencyEntry.objects.filter(
+            tenant__in=tenants, tool_ref__in=refs, expires_at__gt=timezone.now()
+        )
+        .values_list("tenant_id", "tool_ref")
+        .distinct()
+        .order_by()
+    )
+    by_pk = {tenant.pk: tenant for tenant in tenants}
+    return sum(invalidate(by_pk[tenant_id], tool_ref=ref) for tenant_id, ref in held)
 
 
 def prune(limit: int = 1000) -> int:

@@ -116,6 +116,11 @@ class InvocationRecord(models.Model):
     # Nullable without defaults: SQLite adds them without rebuilding the table.
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     tool_pending = models.BooleanField(null=True, blank=True)
+    # How the key above was made (apps/invocations/ledger.py): `custom` (the caller's),
+    # `auto` or `params` (derived by the tool's strategy). Null: the call has no key.
+    idempotency_strategy = models.CharField(  # noqa: DJ001
+        max_length=8, null=True, blank=True, help_text="custom (the caller's key), auto, params"
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -168,6 +173,7 @@ class InvocationRecord(models.Model):
         context: tuple[tuple[str, Any], ...] = (
             ("connectionId", self.connection_id),
             ("idempotencyKey", self.idempotency_key),
+            ("idempotencyStrategy", self.idempotency_strategy),
             ("policyRule", self.policy_rule),
         )
         data.update((name, value) for name, value in context if value not in (None, ""))

@@ -428,7 +428,7 @@ def _replays(call: Call) -> bool:
     key = ledger.key_for(
         call.tool,
         caller.principal,
-        call.run_id,
+        call.request.run_id or "",
         call.request.idempotency_key,
         call.args_json,
         call.connection_id,
@@ -1159,14 +1159,13 @@ def check_policy(call: Call) -> None:
 def _claimed_key(call: Call) -> bool:
     """The caller's idempotency key belongs to a call that still holds it: this request is
     a retry that runs nothing (step 6). Asked before the arguments are validated, so only
-    a caller's key (strategy custom) is known here: a derived key's retry is counted."""
+    a caller's key (which wins over a derived one) is known here: a derived key's retry
+    is counted."""
     if call.tool is None or call.request.idempotency_key is None:
-        return False
-    if ledger.effective(call.tool).strategy != "custom":
         return False
     caller = call.caller
     key = ledger.key_for(
-        call.tool, caller.principal, call.run_id, call.request.idempotency_key, {}, ""
+        call.tool, caller.principal, call.request.run_id or "", call.request.idempotency_key, {}, ""
     )
     entry = ledger.find(caller.tenant, key) if key is not None else None
     return entry is not None and ledger.holds(entry)
@@ -1347,7 +1346,7 @@ def find_replay(call: Call) -> InvocationRecord | None:
     call.key = ledger.key_for(
         call.tool,
         caller.principal,
-        call.run_id,
+        call.request.run_id or "",
         call.request.idempotency_key,
         call.args_json,
         call.connection_id,
@@ -1387,6 +1386,7 @@ def hold_for_approval(call: Call) -> InvocationRecord | None:
             call.record = InvocationRecord(
                 **_record_fields(call),
                 idempotency_key=call.key.key if call.key else None,
+                idempotency_strategy=call.key.strategy if call.key else None,
                 status=Status.PENDING_APPROVAL,
             )
             ledger.link_retry(call.record, call.previous)
@@ -1466,6 +1466,7 @@ def record_start(call: Call) -> InvocationRecord | None:
     call.record = InvocationRecord(
         **_record_fields(call),
         idempotency_key=call.key.key if call.key else None,
+        idempotency_strategy=call.key.strategy if call.key else None,
         status=Status.RUNNING,
         started_at=now,
         lease_expires_at=leases.expires(),

@@ -10,12 +10,18 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.invocations import ledger
 from apps.policies.models import Policy
 from apps.tenants.admin import TenantScopedGuardedAdmin
+from apps.tenants.roles import tenants_where
 from apps.tenants.scoping import is_superuser, staff_tenants
 from apps.tools import call_settings
 from apps.tools.contracts import Idempotency, Retries
 from apps.tools.models import Source, Tool
+
+# Who forgets a tenant's idempotency keys: as in the records admin and the API, whoever
+# manages its API keys (tenant admins; superusers everywhere).
+FORGET_KEYS = "tenants.change_apikey"
 
 CALL_SETTINGS = (
     "idempotency_strategy",
@@ -96,7 +102,7 @@ class ToolAdmin(TenantScopedGuardedAdmin):
     )
     list_editable = ("enabled",)
     form = ToolForm
-    actions = ("enable_tools", "disable_tools")
+    actions = ("enable_tools", "disable_tools", "forget_remembered_keys")
     # Extends guardian's change form with the "used by these policies" list.
     change_form_template = "admin/tools/tool/change_form.html"  # type: ignore[misc]
     list_filter = ("enabled", "effect", "consequence_level", "source", "available")
@@ -147,6 +153,8 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         if not is_superuser(request.user):  # `enabled` is global
             actions.pop("enable_tools", None)
             actions.pop("disable_tools", None)
+        if not tenants_where(request.user, FORGET_KEYS).exists():
+            actions.pop("forget_remembered_keys", None)
         return actions
 
     def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
@@ -170,6 +178,24 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         state = "enabled" if enabled else "disabled"
         self.message_user(request, f"{changed} tool(s) {state}.", messages.SUCCESS)
 
+    @admin.action(description="Forget the remembered idempotency keys of the selected tools")
+    def forget_remembered_keys(self, request: HttpRequest, queryset: QuerySet[Tool]) -> None:
+        """The tools' next calls run again instead of replaying a remembered success
+        (apps/invocations/ledger.py): in every tenant for a superuser, in the tenants a
+        tenant admin administers otherwise. A call still running keeps its key until it
+        ends."""
+        tenants = list(tenants_where(request.user, FORGET_KEYS))
+        if not tenants:  # a forged action POST: the list offers none
+            raise PermissionDenied("Only a tenant's admins forget its idempotency keys.")
+        tool_ids = list(queryset.values_list("pk", flat=True))
+        forgotten = ledger.invalidate_tools(tenants, tool_ids)
+        where = "every tenant" if is_superuser(request.user) else _names(tenants)
+        self.message_user(
+            request,
+            f"{forgotten} idempotency key(s) of {len(tool_ids)} tool(s) forgotten in {where}.",
+            messages.SUCCESS,
+        )
+
     def change_view(
         self,
         request: HttpRequest,
@@ -184,6 +210,10 @@ class ToolAdmin(TenantScopedGuardedAdmin):
             tenants = staff_tenants(request.user, "policies.view_policy")
             context["used_by_policies"] = policies_using(tool, tenants)
         return super().change_view(request, object_id, form_url, context)
+
+
+def _names(tenants: list[Any]) -> str:
+    return ", ".join(sorted(tenant.slug for tenant in tenants))
 
 
 def policies_using(tool: Tool, tenants: Any) -> list[Policy]:

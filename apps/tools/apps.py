@@ -12,8 +12,10 @@ class ToolsConfig(AppConfig):
     label = "tools"
 
     def ready(self) -> None:
+        from apps.tools.call_settings import idempotency_defaults
         from apps.tools.registry import registry
 
+        idempotency_defaults()  # ImproperlyConfigured names a bad TOOLHUB_IDEMPOTENCY_DEFAULTS
         # Registration errors stop start-up on purpose: a broken contract must
         # never reach the catalog.
         if not registry.all():

@@ -213,11 +213,13 @@ class Retries:
 
 
 def default_idempotency(effect: Effect) -> Idempotency:
-    """The caller's key for every effect: API.md promises a retry with the same
-    idempotencyKey never runs a call again, whatever the tool. Deriving a key (auto,
-    params) would merge calls a caller meant as distinct (the same email sent twice on
-    purpose): only the tool's author knows when equal arguments mean the same operation."""
-    return Idempotency()
+    """The effect's default (apps/tools/call_settings.py, settings
+    TOOLHUB_IDEMPOTENCY_DEFAULTS): as shipped, the caller's key for read-only and
+    state-changing tools, and for external side effects a key derived within the run
+    (`auto`, scope `run`). A caller's own key wins over a derived one."""
+    from apps.tools import call_settings
+
+    return call_settings.default_idempotency(effect)
 
 
 def default_retries(effect: Effect) -> Retries:

@@ -183,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = do_DELETE = _answer
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _answer
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep the test output (and the log capture) clean

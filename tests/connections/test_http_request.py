@@ -50,9 +50,12 @@ def connect(agent: Agent, hosts: tuple[str, ...] = ("127.0.0.1",), private: bool
     return str(usable(connection, agent.principal).pk)
 
 
-def fetch(agent: Agent, connection_id: str, url: str, **args: object) -> object:
+def fetch(
+    agent: Agent, connection_id: str, url: str, key: str | None = None, **args: object
+) -> object:
+    extra = {"idempotencyKey": key} if key is not None else {}
     return agent.invoke(
-        HTTP, args={"url": url, **args}, connectionId=connection_id, runId="run-http"
+        HTTP, args={"url": url, **args}, connectionId=connection_id, runId="run-http", **extra
     )
 
 
@@ -117,6 +120,61 @@ def test_a_post_sends_the_body_and_the_tools_own_headers(caller, server):
     assert seen.body == b'{"a": 1}'
     assert seen.headers["x-trace"] == "t-1"
     assert seen.headers["authorization"] == f"Bearer {TOKEN}"
+
+
+# ---------------------------------------------------------------- the Idempotency-Key header
+
+
+def test_a_post_sends_the_callers_idempotency_key_and_a_retry_sends_nothing(caller, server):
+    connection_id = connect(caller)
+    url = f"{server.base}/ok/orders"
+    first = fetch(caller, connection_id, url, method="POST", body="{}", key="order-7")
+    assert ok_result(first)["status"] == 200
+    (seen,) = server.seen
+    assert seen.headers["idempotency-key"] == "order-7"
+    record = record_of(first)
+    assert (record.idempotency_key, record.idempotency_strategy) == ("order-7", "custom")
+
+    again = fetch(caller, connection_id, url, method="POST", body="{}", key="order-7")
+    assert record_of(again).pk == record.pk  # replayed: the upstream saw one request
+    assert len(server.seen) == 1
+
+
+def test_a_post_in_a_run_without_a_key_sends_the_key_derived_for_the_run(caller, server):
+    connection_id = connect(caller)
+    response = fetch(caller, connection_id, f"{server.base}/ok/send", method="POST", body="x")
+    record = record_of(response)
+    assert record.idempotency_strategy == "auto"
+    assert record.idempotency_key.startswith("auto:")
+    (seen,) = server.seen
+    assert seen.headers["idempotency-key"] == record.idempotency_key
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_get_and_head_send_no_idempotency_key(caller, server, method):
+    connection_id = connect(caller)
+    response = fetch(caller, connection_id, f"{server.base}/ok", method=method, key="k1")
+    assert ok_result(response)["status"] == 200
+    (seen,) = server.seen
+    assert seen.method == method
+    assert "idempotency-key" not in seen.headers
+    assert record_of(response).idempotency_key == "k1"
+
+
+def test_an_idempotency_key_header_in_the_arguments_is_kept(caller, server):
+    connection_id = connect(caller)
+    response = fetch(
+        caller,
+        connection_id,
+        f"{server.base}/ok/put",
+        method="PUT",
+        body="x",
+        headers={"idempotency-key": "the-tools-own"},
+        key="the-callers",
+    )
+    assert ok_result(response)["status"] == 200
+    (seen,) = server.seen
+    assert seen.headers["idempotency-key"] == "the-tools-own"
 
 
 @pytest.mark.parametrize("name", ["Authorization", "authorization", "Cookie", "Host"])

@@ -3,12 +3,16 @@ only successful calls remembered, through the API and the runner's real path."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from apps.invocations import ledger
@@ -16,13 +20,14 @@ from apps.invocations.models import IdempotencyEntry
 from apps.tools import call_settings
 from apps.tools.contracts import Idempotency, Redaction, Retries, ToolContract
 from apps.tools.models import Tool
-from apps.tools.registry import ToolRegistrationError, check_contract
+from apps.tools.registry import ToolRegistrationError, check_contract, registry
 from tests.conftest import Agent, allow, make_agent
 from tests.support import tools as support_tools
 from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+ROOT = Path(__file__).resolve().parents[2]
 SLOW = "test__counted_wait"
 FLAKY = "test__flaky"
 
@@ -219,6 +224,130 @@ def test_keys_are_per_principal_by_default_and_shared_in_scope_tenant(tester, tm
     tester.invoke(SLOW, args=wait_args(trace, 0), idempotencyKey="tenant-wide")
     colleague.invoke(SLOW, args=wait_args(trace, 0), idempotencyKey="tenant-wide")
     assert executions(trace) == 3
+
+
+# ---------------------------------------------------------------- defaults per effect
+
+SEND = "test__flaky_send"  # an external side effect without idempotency in its contract
+
+
+def send_args(trace: Path, token: str = "t") -> dict[str, Any]:
+    return {"path": str(trace), "token": token, "failures": 0}
+
+
+def test_the_shipped_defaults_differ_by_effect(test_tools):
+    settings = {
+        tool.effect: (tool.idempotency_strategy, tool.idempotency_scope)
+        for tool in Tool.objects.filter(pk__in=[SLOW, SEND])
+    }
+    assert settings["external_side_effect"] == ("auto", "run")
+    assert settings["read_only"] == ("custom", "principal")
+    assert call_settings.default_idempotency("state_change").strategy == "custom"
+
+
+def test_an_external_call_re_sent_in_its_run_replays_without_a_key(tester, tmp_path):
+    trace = tmp_path / "t.log"
+
+    first = tester.invoke(SEND, args=send_args(trace), runId="run-a").json()
+    again = tester.invoke(SEND, args=send_args(trace), runId="run-a").json()
+    other_run = tester.invoke(SEND, args=send_args(trace), runId="run-b").json()
+    other_args = tester.invoke(SEND, args=send_args(trace, "u"), runId="run-a").json()
+
+    assert first["ok"] is True and again == first
+    assert first["idempotencyStrategy"] == "auto" and first["idempotencyKey"].startswith("auto:")
+    assert other_run["invocationId"] != first["invocationId"]
+    assert other_args["invocationId"] != first["invocationId"]
+    assert executions(trace) == 2 and executions(trace, "u") == 1
+
+
+def test_an_external_call_without_a_run_is_deduplicated_by_the_callers_key_only(tester, tmp_path):
+    trace = tmp_path / "t.log"
+
+    tester.invoke(SEND, args=send_args(trace))
+    keyless = tester.invoke(SEND, args=send_args(trace)).json()
+    keyed = tester.invoke(SEND, args=send_args(trace), idempotencyKey="s-1").json()
+    replay = tester.invoke(SEND, args=send_args(trace), idempotencyKey="s-1").json()
+
+    assert "idempotencyKey" not in keyless and "idempotencyStrategy" not in keyless
+    assert (keyed["idempotencyKey"], keyed["idempotencyStrategy"]) == ("s-1", "custom")
+    assert replay == keyed
+    assert executions(trace) == 3
+
+
+def test_a_callers_key_wins_over_a_derived_one_whatever_the_strategy(tester, tmp_path):
+    settings_of(SLOW, idempotency_strategy="params", idempotency_params=["token"])
+    trace = tmp_path / "t.log"
+
+    # In one run, the same arguments with two keys the caller meant as distinct: both run.
+    a = tester.invoke(SEND, args=send_args(trace), runId="r", idempotencyKey="a").json()
+    b = tester.invoke(SEND, args=send_args(trace), runId="r", idempotencyKey="b").json()
+    # Strategy params: the caller's key, not the named arguments, decides.
+    p1 = tester.invoke(SLOW, args=wait_args(trace, 0, "p"), idempotencyKey="p1").json()
+    p2 = tester.invoke(SLOW, args=wait_args(trace, 1, "p"), idempotencyKey="p2").json()
+
+    assert a["ok"] is True and b["ok"] is True and a["invocationId"] != b["invocationId"]
+    assert executions(trace) == 2
+    assert (p1["idempotencyKey"], p2["idempotencyKey"]) == ("p1", "p2")
+    assert p2["ok"] is True and executions(trace, "p") == 2
+
+
+def test_the_setting_changes_an_effects_default_and_a_contract_still_wins(test_tools, settings):
+    settings.TOOLHUB_IDEMPOTENCY_DEFAULTS = {
+        "read_only": {"strategy": "auto", "scope": "tenant", "ttl_s": 600},
+        "external_side_effect": {"scope": "principal"},
+    }
+    Tool.objects.sync_registry(registry)
+    own = _contract(Idempotency(strategy="custom", ttl_s=60), effect="read_only")
+
+    slow, send = Tool.objects.get(pk=SLOW), Tool.objects.get(pk=SEND)
+
+    assert slow.idempotency == Idempotency(strategy="auto", scope="tenant", ttl_s=600)
+    assert (send.idempotency_strategy, send.idempotency_scope) == ("auto", "principal")
+    assert own.call_idempotency == Idempotency(strategy="custom", ttl_s=60)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"external_side_effect": {"strategy": "none"}}, "['external_side_effect']: strategy none"),
+        ({"read_only": {"strategy": "params"}}, "['read_only']: strategy params"),
+        ({"read_only": {"strategy": "guess"}}, "['read_only']: idempotency strategy must"),
+        ({"state_change": {"scope": "world"}}, "['state_change']: idempotency scope must"),
+        ({"state_change": {"ttl_s": 0}}, "['state_change']: idempotency TTL must"),
+        ({"state_change": {"ttl_s": "1h"}}, "['state_change']: ttl_s must be a whole"),
+        ({"read_only": {"ttl": 60}}, "['read_only']: unknown key(s) ttl"),
+        ({"write": {"strategy": "auto"}}, "['write']: not an effect"),
+        ({"read_only": "auto"}, "['read_only']: must be an object"),
+        (["auto"], "must be an object of effect"),
+    ],
+)
+def test_a_bad_defaults_setting_is_refused_naming_the_entry(settings, value, named):
+    settings.TOOLHUB_IDEMPOTENCY_DEFAULTS = value
+    with pytest.raises(ImproperlyConfigured) as refused:
+        call_settings.idempotency_defaults()
+    assert named in str(refused.value)
+    assert "TOOLHUB_IDEMPOTENCY_DEFAULTS" in str(refused.value)
+
+
+def test_a_bad_defaults_setting_stops_start_up(tmp_path):
+    env = {
+        **os.environ,
+        "TOOLHUB_DEBUG": "1",
+        "TOOLHUB_VAR_DIR": str(tmp_path),
+        "TOOLHUB_IDEMPOTENCY_DEFAULTS": '{"external_side_effect": {"strategy": "none"}}',
+    }
+    started = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert started.returncode != 0
+    assert "ImproperlyConfigured" in started.stderr
+    assert "TOOLHUB_IDEMPOTENCY_DEFAULTS['external_side_effect']: strategy none" in started.stderr
 
 
 # ---------------------------------------------------------------- refused settings

@@ -3,16 +3,18 @@ retryAfterMs hint (capped), every attempt in the record and as tool_call_retry e
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from apps.invocations import runner
-from apps.invocations.models import RunEvent
+from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tools.models import Tool
 from tests.conftest import Agent, allow
 from tests.console.test_websocket_docs import assert_documented
+from tests.support.threads import start_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,3 +94,34 @@ def test_an_external_side_effect_is_retried_only_with_an_idempotency_key(tester,
     assert (keyless["ok"], keyless["errorCode"]) == (False, "unavailable")
     assert attempts(tmp_path / "a.log") == 1
     assert keyed["ok"] is True and len(keyed["retries"]) == 1
+
+
+def test_a_cancel_while_the_runner_waits_to_retry_ends_the_call_without_another_attempt(
+    tester, tmp_path
+):
+    trace = tmp_path / "t.log"
+    answers: list[Any] = []
+    body = {"args": args_of(trace, 5, hint=4000), "runId": "run-wait"}  # waits 4 s to retry
+    thread = start_thread(lambda: answers.append(tester.invoke(FLAKY, **body)))
+    while not RunEvent.objects.filter(run_id="run-wait", type="tool_call_retry").exists():
+        assert thread.is_alive(), answers
+        time.sleep(0.02)
+    record = InvocationRecord.objects.get(run_id="run-wait")
+
+    assert tester.client.post(f"/api/v1/invocations/{record.pk}/cancel/").status_code == 200
+    thread.join()
+
+    answer = answers[0].json()
+    assert (answer["status"], answer["errorCode"]) == ("cancelled", "cancelled")
+    assert len(answer["retries"]) == 1
+    assert attempts(trace) == 1  # the second attempt never ran
+
+
+def test_an_external_side_effect_in_a_run_is_retried_under_the_key_derived_for_the_run(
+    tester, tmp_path
+):
+    body = tester.invoke(SEND, args=args_of(tmp_path / "c.log", 1), runId="run-send").json()
+
+    assert body["ok"] is True and len(body["retries"]) == 1
+    assert body["idempotencyStrategy"] == "auto"
+    assert attempts(tmp_path / "c.log") == 2

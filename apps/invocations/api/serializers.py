@@ -37,6 +37,11 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         required=False,
         help_text="The caller's key, or the key the tool's strategy derived (auto:..., params:...)",
     )
+    idempotencyStrategy = serializers.CharField(
+        source="idempotency_strategy",
+        required=False,
+        help_text="How idempotencyKey was made: custom (the caller's), auto or params (derived)",
+    )
     retryOf = serializers.UUIDField(
         source="retry_of_id",
         required=False,
@@ -92,6 +97,7 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         "retryAfterMs",
         "connectionId",
         "idempotencyKey",
+        "idempotencyStrategy",
         "policyRule",
         "cacheHit",
         "hooks",
@@ -107,8 +113,8 @@ class InvocationSerializer(serializers.ModelSerializer[InvocationRecord]):
         fields = [
             "invocationId", "toolCallId", "runId", "toolId", "status", "ok", "result", "errorCode",
             "safeMessage", "retryAfterMs", "args", "principal", "connectionId", "idempotencyKey",
-            "policyRule", "cacheHit", "hooks", "retryOf", "attempt", "retries", "createdAt",
-            "startedAt", "endedAt", "durationMs", "approvalId", "receipt",
+            "idempotencyStrategy", "policyRule", "cacheHit", "hooks", "retryOf", "attempt",
+            "retries", "createdAt", "startedAt", "endedAt", "durationMs", "approvalId", "receipt",
         ]  # fmt: skip
 
     def get_approvalId(self, record: InvocationRecord) -> str | None:

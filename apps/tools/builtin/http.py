@@ -30,13 +30,28 @@ class HttpResult(ToolOutput):
     url: str = Field(description="The final URL, after redirects")
 
 
+SAFE_METHODS = ("GET", "HEAD")
+
+
+def with_idempotency_key(method: str, headers: dict[str, str], key: str | None) -> dict[str, str]:
+    """The call's idempotency key as an `Idempotency-Key` header (IETF draft
+    httpapi-idempotency-key-header), so the upstream can deduplicate the runner's retries
+    and the caller's: every attempt of one key sends the same value. Not on GET and HEAD
+    (safe by definition), and never over a header the arguments set themselves."""
+    if key is None or method in SAFE_METHODS:
+        return headers
+    if any(name.lower() == "idempotency-key" for name in headers):
+        return headers
+    return {**headers, "Idempotency-Key": key}
+
+
 def http_request(params: HttpRequestParams, ctx: ToolContext, caps: Capabilities) -> HttpResult:
     # The capability checks again before each hop and cuts a request out when cancelled.
     ctx.check_cancelled()
     response = caps.require("http").request(
         params.method,
         str(params.url),
-        params.headers,
+        with_idempotency_key(params.method, params.headers, ctx.idempotency_id),
         params.body,
         timeout=max(1.0, min(10.0, ctx.time_left())),
     )
