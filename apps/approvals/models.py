@@ -1,9 +1,14 @@
 """Approval requests: tool calls held for a human, as a state machine in the database.
 
 pending -> approved | rejected | expired | cancelled; approved -> executing ->
-succeeded | failed. Every transition happens in a transaction that locks the
-row and re-reads the status, so the first decision wins and a second one (two
-operators, a double click, API and admin at once) gets AlreadyDecided.
+succeeded | failed; approved -> cancelled. Every transition happens in a transaction
+that locks the row and re-reads the status, so the first decision wins and a second
+one (two operators, a double click, API and admin at once) gets AlreadyDecided.
+
+An approval becomes executing only in the transaction that records its call's start,
+so an executing approval always has its start recorded. A call cancelled while it
+runs ends with its record cancelled and its approval failed. A pending approval
+that gets no vote before expires_at is expired, and its call never runs.
 """
 
 from __future__ import annotations

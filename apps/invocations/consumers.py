@@ -3,6 +3,10 @@
 Replays persisted events after `after`, then continues live with no gap and no
 duplicate at the seam: the consumer subscribes to the run's feed before replaying,
 drops live events it already sent, and fills any gap it sees from the database.
+Subscribing first means every event committed after the replay's query is offered
+live; filling a gap from the database works because emit numbers and commits a
+run's events in order, so the events before any pushed one are already committed.
+Replay filters by tenant as the feed's group does (events.run_group).
 
 Live events come from this process's Feed of the run (apps.invocations.fanout),
 already encoded; an up-to-date stream writes them to its socket at once.

@@ -74,7 +74,10 @@ class EventMessage(TypedDict):
 
 
 def run_group(tenant_id: int, run_id: str) -> str:
-    """Channel-layer group for one run (group names allow only a few characters)."""
+    """Channel-layer group for one run (group names allow only a few characters).
+
+    The tenant is part of the hash: a run id belongs to a tenant, so the same run id in
+    two tenants is two unrelated groups and no stream of one tenant hears the other's."""
     digest = hashlib.sha256(f"{tenant_id}/{run_id}".encode()).hexdigest()[:40]
     return f"run.{digest}"
 

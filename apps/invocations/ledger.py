@@ -17,6 +17,13 @@ sweeper, an admin's edit):
 
 Invalidation and expiry set `expires_at`; they never free the key of an unfinished call:
 it finishes, and only then may the key run again (EXACTLY_ONCE for external effects).
+
+Only a call that is held (step 7) or started (step 8) claims its key. A call refused
+earlier (unknown tool, policy, permission, validation) is recorded without it, so a
+retry with that key is evaluated afresh. A replay still passes the checks before step 6
+first, so a caller who lost access since gets the refusal, not the stored result. The
+same key with another request hash is refused (validation); an approved call with
+edited args takes the edited hash, so retrying the original request is refused too.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel
 
 MAX_TOOL_CALL_ID = 128
+# Both limits count bytes of compact UTF-8 JSON, so a call's size does not depend on how
+# its client spaced it. Args: checked at step 5 (recorded as validation) and on an
+# approver's edit (InvalidEdit, 400). Result: the validated result before redaction, or
+# less if a policy's budget says so (recorded as result_too_large).
 MAX_ARGS_BYTES = 8 * 1024
 MAX_RESULT_BYTES = 32 * 1024
 

@@ -132,7 +132,12 @@ class StreamAccess:
 
     @classmethod
     def for_run(cls, scope: dict[str, Any], run_id: str) -> StreamAccess | None:
-        """A ticket for this run, an API key (its tenant's runs), or a staff session."""
+        """A ticket for this run, an API key (its tenant's runs), or a staff session.
+
+        A credential that is given but invalid refuses the stream, even when a valid
+        one of a later kind (a session cookie) is also present: a client that named a
+        credential never gets the stream under some other identity it did not mean.
+        A ticket was already spent at the handshake, even when it is refused here."""
         ticket = scope.get("ticket")
         if scope.get("ticket_given"):
             if ticket is None or ticket.run_id != run_id:
