@@ -55,6 +55,7 @@ def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
     # of=("self",): lock the approval row only. Without it PostgreSQL also locks the
     # joined tenant, tool, record and user rows, and a concurrent event insert (which
     # key-share-locks the tenant) deadlocks with the decision's own event on the run.
+    # On SQLite, IMMEDIATE transactions serialize writers, with the same outcome.
     query = ApprovalRequest.objects.select_for_update(of=("self",)).select_related(
         "tool", "tenant", "invocation", "requested_by"
     )
@@ -88,7 +89,11 @@ def decide(
     reason: str = "",
     args: dict[str, Any] | None = None,
 ) -> ApprovalRequest:
-    """Approve or reject; `args` approves edited arguments. First decision wins."""
+    """Approve or reject; `args` approves edited arguments. First decision wins.
+
+    An overdue request is expired first, in its own transaction: the expiry (and its
+    call's end) commits although this decision then fails with AlreadyDecided, so a
+    late approval never runs the call."""
     expire_if_overdue_safely(approval_id)
     with transaction.atomic():
         approval = _locked(approval_id, user)
