@@ -140,14 +140,17 @@ def test_a_post_sends_the_callers_idempotency_key_and_a_retry_sends_nothing(call
     assert len(server.seen) == 1
 
 
-def test_a_post_in_a_run_without_a_key_sends_the_key_derived_for_the_run(caller, server):
+def test_a_read_repeated_in_a_run_runs_again_and_a_keyless_post_sends_no_key(caller, server):
+    """http_request keeps the caller's key (`custom`), not its effect's derived default: a
+    GET repeated in a run is a new read (a status polled twice), not a duplicate."""
     connection_id = connect(caller)
+    for _ in range(2):
+        assert ok_result(fetch(caller, connection_id, f"{server.base}/ok"))["status"] == 200
+    assert [seen.method for seen in server.seen] == ["GET", "GET"]
     response = fetch(caller, connection_id, f"{server.base}/ok/send", method="POST", body="x")
     record = record_of(response)
-    assert record.idempotency_strategy == "auto"
-    assert record.idempotency_key.startswith("auto:")
-    (seen,) = server.seen
-    assert seen.headers["idempotency-key"] == record.idempotency_key
+    assert record.idempotency_key is None  # no key: none derived
+    assert "idempotency-key" not in server.seen[-1].headers
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD"])

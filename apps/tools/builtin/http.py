@@ -12,7 +12,14 @@ from typing import Literal
 from pydantic import Field, HttpUrl
 
 from apps.tools.capabilities import Capabilities
-from apps.tools.contracts import Redaction, ToolContext, ToolContract, ToolOutput, ToolParams
+from apps.tools.contracts import (
+    Idempotency,
+    Redaction,
+    ToolContext,
+    ToolContract,
+    ToolOutput,
+    ToolParams,
+)
 
 
 class HttpRequestParams(ToolParams):
@@ -75,5 +82,9 @@ CONTRACTS = [
         ),
         tags=("http", "network"),
         timeout_s=15,
+        # The caller's key, not the external effect's default (a key derived per run):
+        # the same GET twice in a run is two reads (a status polled), and only the caller
+        # knows when a write is a retry; its key reaches the upstream as Idempotency-Key.
+        idempotency=Idempotency(strategy="custom"),
     )
 ]
