@@ -60,15 +60,17 @@ def check(
 
 
 # The idempotency a tool gets when its contract (or its source, for MCP tools) names none,
-# per effect: settings.TOOLHUB_IDEMPOTENCY_DEFAULTS over these. An external side effect's
-# calls are deduplicated within a run even without a caller's key: in one agent run, the
-# same tool with the same arguments and connection is a retry (a model re-emitting a
-# send). Read-only and state-changing calls are deduplicated only by the caller's key: a
-# derived key would merge calls the caller meant as distinct (two identical reads).
+# per effect: settings.TOOLHUB_IDEMPOTENCY_DEFAULTS over these. Shipped: the caller's key
+# for every effect. A key derived from the arguments (`auto`), even within one run, would
+# swallow a repeated side effect that equal arguments do not make a duplicate: `git add`
+# of the same path after editing it again, a status re-posted, a reminder sent twice. Only
+# the tool's author (its contract) or the deployment (the setting, e.g. `{"external_side_
+# effect": {"strategy": "auto", "scope": "run"}}`) knows that equal arguments mean the
+# same operation.
 SHIPPED_DEFAULTS: dict[str, dict[str, Any]] = {
     "read_only": {"strategy": "custom", "scope": "principal"},
     "state_change": {"strategy": "custom", "scope": "principal"},
-    "external_side_effect": {"strategy": "auto", "scope": "run"},
+    "external_side_effect": {"strategy": "custom", "scope": "principal"},
 }
 DEFAULT_KEYS = ("strategy", "scope", "ttl_s")
 

@@ -235,17 +235,27 @@ def send_args(trace: Path, token: str = "t") -> dict[str, Any]:
     return {"path": str(trace), "token": token, "failures": 0}
 
 
-def test_the_shipped_defaults_differ_by_effect(test_tools):
+def test_the_shipped_defaults_keep_the_callers_key_for_every_effect(test_tools):
     settings = {
         tool.effect: (tool.idempotency_strategy, tool.idempotency_scope)
         for tool in Tool.objects.filter(pk__in=[SLOW, SEND])
     }
-    assert settings["external_side_effect"] == ("auto", "run")
+    assert settings["external_side_effect"] == ("custom", "principal")
     assert settings["read_only"] == ("custom", "principal")
     assert call_settings.default_idempotency("state_change").strategy == "custom"
 
 
-def test_an_external_call_re_sent_in_its_run_replays_without_a_key(tester, tmp_path):
+def derive_keys_in_runs(settings: Any) -> None:
+    """A deployment's choice: external side effects deduplicated within a run by their
+    arguments (TOOLHUB_IDEMPOTENCY_DEFAULTS), taken by the tools at their next sync."""
+    settings.TOOLHUB_IDEMPOTENCY_DEFAULTS = {
+        "external_side_effect": {"strategy": "auto", "scope": "run"}
+    }
+    Tool.objects.sync_registry(registry)
+
+
+def test_an_external_call_re_sent_in_its_run_replays_without_a_key(tester, tmp_path, settings):
+    derive_keys_in_runs(settings)
     trace = tmp_path / "t.log"
 
     first = tester.invoke(SEND, args=send_args(trace), runId="run-a").json()
@@ -258,6 +268,17 @@ def test_an_external_call_re_sent_in_its_run_replays_without_a_key(tester, tmp_p
     assert other_run["invocationId"] != first["invocationId"]
     assert other_args["invocationId"] != first["invocationId"]
     assert executions(trace) == 2 and executions(trace, "u") == 1
+
+
+def test_by_default_an_external_call_re_sent_in_its_run_runs_again(tester, tmp_path):
+    trace = tmp_path / "t.log"
+
+    first = tester.invoke(SEND, args=send_args(trace), runId="run-a").json()
+    again = tester.invoke(SEND, args=send_args(trace), runId="run-a").json()
+
+    assert first["ok"] is True and again["ok"] is True
+    assert again["invocationId"] != first["invocationId"]
+    assert executions(trace) == 2
 
 
 def test_an_external_call_without_a_run_is_deduplicated_by_the_callers_key_only(tester, tmp_path):
@@ -294,7 +315,7 @@ def test_a_callers_key_wins_over_a_derived_one_whatever_the_strategy(tester, tmp
 def test_the_setting_changes_an_effects_default_and_a_contract_still_wins(test_tools, settings):
     settings.TOOLHUB_IDEMPOTENCY_DEFAULTS = {
         "read_only": {"strategy": "auto", "scope": "tenant", "ttl_s": 600},
-        "external_side_effect": {"scope": "principal"},
+        "external_side_effect": {"scope": "tenant"},
     }
     Tool.objects.sync_registry(registry)
     own = _contract(Idempotency(strategy="custom", ttl_s=60), effect="read_only")
@@ -302,7 +323,7 @@ def test_the_setting_changes_an_effects_default_and_a_contract_still_wins(test_t
     slow, send = Tool.objects.get(pk=SLOW), Tool.objects.get(pk=SEND)
 
     assert slow.idempotency == Idempotency(strategy="auto", scope="tenant", ttl_s=600)
-    assert (send.idempotency_strategy, send.idempotency_scope) == ("auto", "principal")
+    assert (send.idempotency_strategy, send.idempotency_scope) == ("custom", "tenant")
     assert own.call_idempotency == Idempotency(strategy="custom", ttl_s=60)
 
 

@@ -120,6 +120,8 @@ def test_a_cancel_while_the_runner_waits_to_retry_ends_the_call_without_another_
 def test_an_external_side_effect_in_a_run_is_retried_under_the_key_derived_for_the_run(
     tester, tmp_path
 ):
+    # A key derived per run (a deployment's TOOLHUB_IDEMPOTENCY_DEFAULTS, or the admin).
+    Tool.objects.filter(pk=SEND).update(idempotency_strategy="auto", idempotency_scope="run")
     body = tester.invoke(SEND, args=args_of(tmp_path / "c.log", 1), runId="run-send").json()
 
     assert body["ok"] is True and len(body["retries"]) == 1
