@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import OperationalError, connections
 from django.utils import timezone
 
 from apps.invocations.models import InvocationRecord, Status
@@ -111,7 +111,11 @@ class Keeper:
                     return
             try:
                 renew(held)
-            except Exception:  # the next renewal tries again; the lease has room for it
+            except OperationalError as error:  # no connection (pool exhausted, outage)
+                # The next renewal tries again; the lease has room for it. An outage is
+                # logged where requests meet it (toolhub.web.outage), not as a traceback.
+                logger.warning("call leases not renewed: no database connection (%s)", error)
+            except Exception:
                 logger.exception("call leases not renewed")
             finally:
                 connections.close_all()  # this thread's own: nothing stays checked out
