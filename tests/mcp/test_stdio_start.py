@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -32,8 +31,13 @@ def repository(tmp_path):
 
 
 def test_a_program_installed_in_toolhubs_venv_is_found_without_it_on_path(monkeypatch):
-    own_bin = os.path.dirname(sys.executable)
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != own_bin)
+    # A shell without any venv's bin on PATH (the caller's PATH may name another copy of
+    # the venv, e.g. a worktree's symlink to it): only toolhub's own venv can find it.
+    path = os.pathsep.join(
+        p
+        for p in os.environ["PATH"].split(os.pathsep)
+        if not os.path.exists(os.path.join(p or ".", "mcp-server-time"))
+    )
     monkeypatch.setenv("PATH", path)
     import shutil
 
