@@ -214,9 +214,10 @@ class Retries:
 
 def default_idempotency(effect: Effect) -> Idempotency:
     """The effect's default (apps/tools/call_settings.py, settings
-    TOOLHUB_IDEMPOTENCY_DEFAULTS): as shipped, the caller's key for read-only and
-    state-changing tools, and for external side effects a key derived within the run
-    (`auto`, scope `run`). A caller's own key wins over a derived one."""
+    TOOLHUB_IDEMPOTENCY_DEFAULTS): as shipped, the caller's key (`custom`, scope
+    `principal`, 24 h) for every effect; a deployment may derive keys per effect (e.g.
+    `auto`, scope `run`, for external side effects). A caller's own key wins over a
+    derived one."""
     from apps.tools import call_settings
 
     return call_settings.default_idempotency(effect)
