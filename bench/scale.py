@@ -1,8 +1,10 @@
 """A year of traffic (issue 45): what lists, pages and calls cost as history grows.
 
-Builds synthetic history by direct inserts (bulk_create in large batches, never the API)
-in a throwaway database, growing it level by level (`--records 0,100000,1000000`), and at
-each level measures, in this process through Django's own handlers:
+Builds synthetic history by direct inserts (never the API) in a throwaway database,
+growing it level by level (`--records 0,100000,1000000,10000000`): rows the database
+makes itself (INSERT .. SELECT over a series, about a million records a few minutes;
+`--builder orm` for bulk_create in Python, an hour a million). At each level it
+measures, in this process through Django's own handlers:
 
 - a no-op call (`POST /api/v1/invocations/`, p50/p99), and a dry-run decision;
 - each API list endpoint's first page and a deep one (cursor after ~`--deep` rows);
@@ -24,6 +26,7 @@ import base64
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +46,7 @@ EVENTS_PER_RECORD = 3
 RUN_LENGTH = 20  # calls per ordinary run
 APPROVAL_EVERY = 100  # one record in a hundred was held for approval
 BATCH = 20_000
+SQL_BATCH = 200_000
 YEAR = timedelta(days=365)
 LONG_RUN = "run-long"
 
@@ -140,7 +144,7 @@ def auto_now_off(*models: Any) -> Iterator[None]:
             field.auto_now_add = True
 
 
-def grow(world: World, target: int, run_calls: int) -> dict[str, Any]:
+def grow(world: World, target: int, run_calls: int, builder: str = "sql") -> dict[str, Any]:
     """Insert records (EVENTS_PER_RECORD events each, one approval per APPROVAL_EVERY)
     until `target`, oldest first over the past year; the bench tenant's first
     `run_calls` records form one long run."""
@@ -149,6 +153,8 @@ def grow(world: World, target: int, run_calls: int) -> dict[str, Any]:
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations.models import InvocationRecord, RunEvent
 
+    if builder == "sql":
+        return grow_in_sql(world, target, run_calls)
     start = time.perf_counter()
     now = datetime.now(UTC)
     first = world.records
@@ -246,6 +252,200 @@ def grow(world: World, target: int, run_calls: int) -> dict[str, Any]:
     world.approvals += counts["approvals"]
     analyze()
     return {**counts, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def grow_in_sql(world: World, target: int, run_calls: int) -> dict[str, Any]:
+    """What grow() writes, made by the database: INSERT .. SELECT over a series of i
+    (bench/history.py's _insert_series), SQL_BATCH records a statement, each with its
+    three events and one approval in APPROVAL_EVERY. Ids are derived from i, so an
+    approval names its record without reading it back."""
+    from django.db import connection
+
+    from apps.invocations.rollups import fold_all
+    from bench.history import _sql_time
+
+    start = time.perf_counter()
+    postgresql = connection.vendor == "postgresql"
+    first, counts = world.records, {"records": 0, "events": 0, "approvals": 0}
+    if target <= first:
+        return {**counts, "seconds": 0.0}
+    now = datetime.now(UTC)
+    # i counts from the oldest; spread over the year, 0 long ago, target ~now (as grow()).
+    at = _sql_time(
+        postgresql, now - YEAR - timedelta(minutes=5), f"i * {YEAR.total_seconds() / target!r}"
+    )
+    later = _sql_time(
+        postgresql,
+        now - YEAR - timedelta(minutes=5),
+        f"i * {YEAR.total_seconds() / target!r} + 0.003",
+    )
+    long_run = max(0, min(run_calls - world.long_run_calls, target - first))
+    long_end = first + long_run  # records [first, long_end) go to the long run
+    long_base = world.long_run_calls - first  # its call number is i + long_base
+    tenants = " ".join(f"WHEN {k} THEN {pk}" for k, pk in enumerate(world.tenant_ids))
+    tenant = (
+        f"CASE WHEN i < {long_end} THEN {world.agent.tenant.pk} "
+        f"ELSE CASE i % {TENANTS} {tenants} END END"
+    )
+    # An ordinary run: as grow(), RUN_LENGTH calls of one tenant, in turn.
+    run = (
+        f"CASE WHEN i < {long_end} THEN '{LONG_RUN}' "
+        f"ELSE 'run-' || (i / {RUN_LENGTH * TENANTS}) || '-' || (i % {TENANTS}) END"
+    )
+    seq0 = (
+        f"(CASE WHEN i < {long_end} THEN (i + {long_base}) * 3 "
+        f"ELSE ((i / {TENANTS}) % {RUN_LENGTH}) * {EVENTS_PER_RECORD} END)"
+    )
+    record_id = (
+        "CAST('b' || lpad(to_hex(i), 31, '0') AS uuid)" if postgresql else "printf('b%031x', i)"
+    )
+    true = "TRUE" if postgresql else "1"
+
+    def as_json(text: str) -> str:  # an expression made of text (a literal alone needs none)
+        return f"CAST({text} AS jsonb)" if postgresql else text
+
+    tool = "'core__get_current_time'"
+    records = {
+        "id": record_id,
+        "tenant_id": tenant,
+        "tool_id": tool,
+        "tool_ref": tool,
+        "tool_call_id": "'call-' || i",
+        "run_id": run,
+        "principal": "'agent:a' || (i % 7)",
+        "status": "'succeeded'",
+        "ok": true,
+        "args": "'{}'",
+        "result": '\'{"iso": "2026-01-01T00:00:00+00:00"}\'',
+        "policy_rule": "'allow'",
+        "created_at": at,
+        "started_at": at,
+        "ended_at": later,
+        "duration_ms": "3",
+    }
+    kind = (
+        "CASE k WHEN 1 THEN 'tool_call_start' WHEN 2 THEN 'tool_call_progress' "
+        "ELSE 'tool_call_result' END"
+    )
+    events = {
+        "tenant_id": tenant,
+        "run_id": run,
+        "seq": f"{seq0} + k",
+        "type": kind,
+        "tool_call_id": "'call-' || i",
+        "tool_id": tool,
+        "message": as_json(
+            f'\'{{"type": "\' || {kind} || \'", "seq": \' || ({seq0} + k) || '
+            f'\', "runId": "\' || {run} || \'", "toolCallId": "call-\' || i || '
+            '\'", "toolId": "core__get_current_time"}\''
+        ),
+        "at": at,
+    }
+    approvals = {
+        "id": record_id.replace("'b'", "'a'").replace("'b%031x'", "'a%031x'"),
+        "tenant_id": tenant,
+        "invocation_id": record_id,
+        "tool_id": tool,
+        "status": "'succeeded'",
+        "principal": "'agent:a' || (i % 7)",
+        "requested_by_id": str(world.admin.pk),
+        "run_id": run,
+        "tool_call_id": "'call-' || i",
+        "args": "'{}'",
+        "original_args": "'{}'",
+        "args_diff": "'[]'",
+        "bound_hash": "'" + "0" * 64 + "'",
+        "hold_reason": "'bench'",
+        "expires_at": at,
+        "decided_by_id": str(world.admin.pk),
+        "decided_at": later,
+        "decision_reason": "'ok'",
+        "created_at": at,
+    }
+    kinds = " CROSS JOIN (SELECT 1 AS k UNION ALL SELECT 2 UNION ALL SELECT 3) AS kinds"
+    with audit_chain_off(postgresql):
+        write_series(records, events, approvals, kinds, first, target, postgresql, start)
+    written = target - first
+    made = len(range(first + (-first) % APPROVAL_EVERY, target, APPROVAL_EVERY))
+    counts = {"records": written, "events": written * EVENTS_PER_RECORD, "approvals": made}
+    world.long_run_calls += long_run
+    world.records = target
+    world.approvals += made
+    # The triggers queued every end for the sweeper, as real calls do; fold them now, as
+    # a worker would have over the year, so an idle pass measures an idle pass.
+    while fold_all().ends:
+        pass
+    analyze()
+    return {**counts, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def write_series(
+    records: dict[str, str],
+    events: dict[str, str],
+    approvals: dict[str, str],
+    kinds: str,
+    first: int,
+    target: int,
+    postgresql: bool,
+    start: float,
+) -> None:
+    from django.db import connection, transaction
+
+    from apps.approvals.models import ApprovalRequest
+    from apps.invocations.models import InvocationRecord, RunEvent
+    from bench.history import _insert_series
+
+    for lo in range(first, target, SQL_BATCH):
+        hi = min(target, lo + SQL_BATCH) - 1
+        with transaction.atomic(), connection.cursor() as cursor:
+            _insert_series(cursor, InvocationRecord, records, lo, hi, postgresql, "")
+            _insert_series(cursor, RunEvent, events, lo, hi, postgresql, kinds)
+            _insert_series(
+                cursor,
+                ApprovalRequest,
+                approvals,
+                lo,
+                hi,
+                postgresql,
+                # i % n, spelled without '%' (this part is not escaped for parameters)
+                f" WHERE i - (i / {APPROVAL_EVERY}) * {APPROVAL_EVERY} = 0",
+            )
+        say(f"  {hi + 1:,} records written ({time.perf_counter() - start:.0f} s)")
+
+
+@contextmanager
+def audit_chain_off(postgresql: bool) -> Iterator[None]:
+    """History written as if from before the audit chain began: linking each row (a
+    trigger per row, bench/audit.py measures its cost per call) would make the build
+    hours long, and a call's own linking does not grow with history (one head per
+    tenant). verify_audit reports these rows as unlinked; this is a throwaway database."""
+    from django.db import connection
+
+    from apps.audit import digests
+
+    with connection.cursor() as cursor:
+        if postgresql:
+            for table, trigger in (
+                (digests.RECORDS, "audit_record_written"),
+                (digests.EVENTS, "audit_event_written"),
+            ):
+                cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
+        else:
+            for statement in digests.SQLITE_DROP:
+                cursor.execute(statement)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if postgresql:
+                for table, trigger in (
+                    (digests.RECORDS, "audit_record_written"),
+                    (digests.EVENTS, "audit_event_written"),
+                ):
+                    cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
+            else:
+                for statement in digests.sqlite_triggers():
+                    cursor.execute(statement)
 
 
 def analyze() -> None:
@@ -654,6 +854,12 @@ def main() -> None:
     parser.add_argument("--run-calls", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--deep", type=int, default=5_000, help="rows before the deep page")
+    parser.add_argument(
+        "--builder",
+        choices=["sql", "orm"],
+        default="sql",
+        help="sql: rows made by the database (fast); orm: bulk_create",
+    )
     parser.add_argument("--output")
     args = parser.parse_args()
     levels = [int(x) for x in args.records.split(",")]
@@ -668,7 +874,7 @@ def main() -> None:
         say(f"catalog: {report['catalog_build']}")
         empty: dict[str, Any] | None = None
         for level in levels:
-            built = grow(world, level, args.run_calls)
+            built = grow(world, level, args.run_calls, args.builder)
             say(f"\n== {level:,} records ({args.database}); build {built}")
             figures = measure(world, args.samples, args.deep, explain=level == levels[-1])
             figures["build"] = built
@@ -681,10 +887,11 @@ def main() -> None:
 
 
 def write(report: dict[str, Any], output: Path) -> None:
-    head = (ROOT / ".git" / "HEAD").read_text().strip()
-    if head.startswith("ref: "):
-        head = (ROOT / ".git" / head.removeprefix("ref: ")).read_text().strip()
-    report["commit"] = head
+    report["commit"] = subprocess.run(  # noqa: S603
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"],  # noqa: S607
+        capture_output=True,
+        text=True,
+    ).stdout.strip()  # also in a git worktree, where .git is a file
     report["nproc"] = os.cpu_count()
     report["load_average"] = os.getloadavg()
     output.write_text(json.dumps(report, indent=2, default=str) + "\n")
