@@ -112,6 +112,105 @@ async def test_while_draining_healthz_is_200_and_readyz_503(monkeypatch, fresh_c
     assert await asgi_get("/readyz") == (503, {"status": "draining", "checks": {}})
 
 
+# ------------------------------------------------------------ answered by Daphne's protocol
+
+
+class Served:
+    """One request through Daphne's HTTP protocol (toolhub's LimitedHTTPFactory) on an
+    in-memory transport: what was written back synchronously, inside `dataReceived`
+    (before any turn of the event loop), and which paths reached the application."""
+
+    def __init__(self, raw: bytes) -> None:
+        from daphne.server import Server
+        from twisted.internet.testing import StringTransport
+
+        from toolhub.server.daphne_limits import LimitedHTTPFactory
+
+        self.passed: list[str] = []
+
+        def application(scope: Any, receive: Any, send: Any) -> Any:
+            self.passed.append(scope["path"])
+            return receive()  # the application's coroutine (never answers)
+
+        server = Server(application, endpoints=["tcp:port=0"], signal_handlers=False)
+        server.connections = {}  # what Server.run() sets up
+        protocol = LimitedHTTPFactory(server).buildProtocol(None)
+        self.transport = StringTransport()
+        protocol.makeConnection(self.transport)
+        protocol.dataReceived(raw)
+        self.written = self.transport.value()
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        head, _, body = self.written.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        return int(status_line.split()[1]), headers, body
+
+
+def request(path: str, method: str = "GET", host: str = "testserver") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+
+READY = {"status": "ok", "checks": {"database": True, "channelLayer": True}}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_daphne_answers_readyz_itself_once_its_checks_are_fresh(fresh_checks):
+    """The first probe (checks never run) goes to the application, which waits for fresh
+    checks (HealthProbes); once they are fresh, the protocol answers in dataReceived."""
+    first = Served(request("/readyz"))
+    assert first.written == b""
+    assert first.passed == ["/readyz"]
+    assert await fresh_checks.results() == READY["checks"]
+    served = Served(request("/readyz"))
+    assert served.passed == []
+    status, headers, body = served.answer()
+    assert (status, json.loads(body)) == (200, READY)
+    assert headers["content-type"] == "application/json"
+    assert headers["content-length"] == str(len(body))
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_daphne_answers_readyz_503_itself_when_a_fresh_check_failed(settings, fresh_checks):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "toolhub.layers.redis_layer.RedisLayer",
+            "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{free_port()}/0"}]},
+        }
+    }
+    await fresh_checks.results()
+    served = Served(request("/readyz"))
+    assert served.passed == []
+    status, _, body = served.answer()
+    assert (status, json.loads(body)) == (
+        503,
+        {"status": "unavailable", "checks": {"database": True, "channelLayer": False}},
+    )
+
+
+def test_daphne_answers_healthz_and_a_bad_host_itself_and_passes_other_requests():
+    status, _, body = Served(request("/healthz")).answer()
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    head = Served(request("/healthz", method="HEAD"))
+    assert head.passed == [] and head.answer()[:2][0] == 200
+    assert head.answer()[2] == b""  # HEAD: no body
+    status, _, body = Served(request("/readyz", host="evil.example")).answer()
+    assert (status, json.loads(body)) == (400, {"detail": "Invalid Host header."})
+
+
+async def test_daphne_passes_other_paths_and_methods_to_the_application():
+    for raw in (request("/api/v1/tools/"), request("/readyz", method="POST")):
+        served = Served(raw)
+        assert served.written == b""
+        assert len(served.passed) == 1
+
+
+def test_while_draining_daphne_answers_readyz_503_itself(monkeypatch):
+    monkeypatch.setattr(draining, "_stopping", True)
+    status, _, body = Served(request("/readyz")).answer()
+    assert (status, json.loads(body)) == (503, {"status": "draining", "checks": {}})
+
+
 # ------------------------------------------------------------ the checks' rules
 
 

@@ -1,9 +1,13 @@
 """Liveness and readiness probes for load balancers and orchestrators
 (docs/deployment.md#health-checks).
 
-Both are answered by `HealthProbes`, in front of Django: on the event loop, without
-Django's middleware (whose epoch read is a database query), without the request
-threads, and while the server drains.
+Both are answered in front of Django: without Django's middleware (whose epoch read is a
+database query), without the request threads, and while the server drains. Under Daphne
+a probe that needs no wait is answered by the HTTP protocol itself, as soon as its
+request is parsed (`answer_at_once`, from toolhub/server/daphne_limits.py): no ASGI
+application is started, so the answer does not wait for the event loop's later turns,
+which a busy process makes long. The rest (the first probe, or one whose checks are
+stale) and every other server go through `HealthProbes`, an ASGI layer.
 
 - `/healthz` is liveness: 200 while the process runs, draining included.
 - `/readyz` is readiness: whether *this* process can serve, from its own checks of the
@@ -276,6 +280,16 @@ class Readiness:
             await asyncio.wait(stale, timeout=STALE_WAIT_S)  # first probe, or after idling
         return self._answer()
 
+    def results_at_once(self) -> dict[str, bool] | None:
+        """Ask for new checks and answer from the newest results, or None when they are
+        stale (the caller must then wait for fresh ones: `results`)."""
+        for check in self.checks.values():
+            check.wanted()
+        now = time.monotonic()
+        if any(check.stale(now) for check in self.checks.values()):
+            return None
+        return self._answer()
+
     def results_now(self) -> dict[str, bool]:
         """The same, for a synchronous caller (Django's view)."""
         events = {}
@@ -313,6 +327,27 @@ def readyz_body(checks: dict[str, bool]) -> tuple[int, dict[str, Any]]:
     return (200 if ready else 503), {"status": "ok" if ready else "unavailable", "checks": checks}
 
 
+def answer_at_once(method: str, path: str, host: str) -> tuple[int, bytes] | None:
+    """A health probe's answer (status, JSON body) when it can be given without waiting:
+    None for another request, or for a `/readyz` whose checks are stale (`HealthProbes`
+    then waits for fresh ones). `host` is the Host header (or the server's address)."""
+    if path not in HealthProbes.PATHS or method not in ("GET", "HEAD"):
+        return None
+    if not _host_allowed(host):
+        return 400, INVALID_HOST
+    if path == HEALTHZ:
+        return 200, HEALTHY
+    checks = {} if draining.is_stopping() else readiness.results_at_once()
+    if checks is None:
+        return None
+    status, body = readyz_body(checks)
+    return status, json.dumps(body).encode()
+
+
+INVALID_HOST = b'{"detail": "Invalid Host header."}'
+HEALTHY = b'{"status": "ok"}'
+
+
 class HealthProbes:
     """`/healthz` and `/readyz` answered in front of `app` (Django), by the drain's leave
     while the server stops (toolhub/server/draining.py)."""
@@ -328,10 +363,10 @@ class HealthProbes:
             await self.app(scope, receive, send)
             return
         if not _allowed_host(scope):
-            await _answer(send, 400, b'{"detail": "Invalid Host header."}')
+            await _answer(send, 400, INVALID_HOST)
             return
         if path == HEALTHZ:
-            await _answer(send, 200, b'{"status": "ok"}')
+            await _answer(send, 200, HEALTHY)
             return
         status, body = readyz_body({} if draining.is_stopping() else await readiness.results())
         await _answer(send, status, json.dumps(body).encode())
@@ -354,6 +389,10 @@ def _allowed_host(scope: Scope) -> bool:
     if not host:
         server = scope.get("server")
         host = server[0] if server else ""
+    return _host_allowed(host)
+
+
+def _host_allowed(host: str) -> bool:
     domain, _ = split_domain_port(host)
     allowed = list(settings.ALLOWED_HOSTS)
     if settings.DEBUG and not allowed:

@@ -1,19 +1,27 @@
 """Daphne's HTTP request with the body limit enforced as bytes arrive (see
-toolhub/server/limits.py).
+toolhub/server/limits.py), and health probes answered without an application.
 
 Twisted calls `gotLength` when the headers end and `handleContentChunk` for each piece of
 body; Daphne's `WebRequest` only starts the application once the whole body is in. Refusing
 here is the only point at which an oversized body is never stored.
+
+`/healthz` and a `/readyz` whose checks are fresh are answered in `process`, when the
+request is whole, from toolhub/ops/health.py's `answer_at_once`: Daphne would otherwise
+start an application task for it, which runs on a later turn of the event loop, and its
+answer is written on another; under load each turn waits behind everything else the
+process does (issue 47).
 """
 
 from __future__ import annotations
 
+import time
 from io import BytesIO
 from typing import Any
 
 from daphne.http_protocol import HTTPFactory, WebRequest
 from twisted.internet import reactor
 
+from toolhub.ops import health
 from toolhub.server.limits import LINGER_SECONDS, max_request_bytes, refusal_body
 
 
@@ -53,6 +61,46 @@ class LimitedRequest(WebRequest):
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if not self._refused:
             super().requestReceived(command, path, version)
+
+    def process(self) -> Any:
+        answer = None
+        if not self.requestHeaders.hasHeader(b"upgrade"):
+            host = self.getHeader(b"host") or self.getHost().host
+            answer = health.answer_at_once(
+                self.method.decode("latin-1"),
+                self.path.decode("latin-1"),
+                host.decode("latin-1") if isinstance(host, bytes) else host,
+            )
+        if answer is None:
+            return super().process()
+        self._answer_probe(*answer)
+        return None
+
+    def _answer_probe(self, status: int, body: bytes) -> None:
+        """A whole JSON answer, written now; the connection stays open for the next probe.
+        Daphne's access line as for any request."""
+        self.request_start = time.time()
+        peer = self.client
+        client = f"{peer.host}:{peer.port}" if hasattr(peer, "host") else None
+        self.setResponseCode(status)
+        self.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+        self.responseHeaders.setRawHeaders(b"content-length", [b"%d" % len(body)])
+        if self.server.server_name:
+            self.setHeader(b"server", self.server.server_name.encode())
+        self.write(body)
+        self.finish()
+        self.server.log_action(
+            "http",
+            "complete",
+            {
+                "path": self.uri.decode("latin-1"),
+                "status": status,
+                "method": self.method.decode("latin-1"),
+                "client": client,
+                "time_taken": self.duration(),
+                "size": self.sentLength,
+            },
+        )
 
     def connectionLost(self, reason: Any) -> None:
         if self._linger is not None and self._linger.active():
