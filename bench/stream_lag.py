@@ -1,20 +1,25 @@
 """A busy run's stream (issue 47): sustained events to many subscribers over two processes.
 
     .venv/bin/python bench/stream_lag.py [--rate 200] [--subscribers 100] [--seconds 20]
+                                         [--client-procs 4]
 
 Starts a throwaway Redis, two Daphne processes sharing it and one SQLite database (the
 scale-out layer, `REDIS_URL`), and opens `--subscribers` streams on one run, half on each
-Daphne. A producer process then emits `--rate` events a second on that run for
-`--seconds`, through `apps.invocations.events.emit` (the path every call's events take:
-numbered, inserted and committed, then pushed by the process's outbox after commit), one
-event per commit, alternating tool_call_start and tool_call_result: each is a layer
-message of its own (a call whose tool ran past QUICK_S, the harder case).
+Daphne, spread over `--client-procs` client processes (this script again, `--client`):
+one Python process reading every socket was the limit before the server was. A producer
+process then emits `--rate` events a second on that run for `--seconds`, through
+`apps.invocations.events.emit` (the path every call's events take: numbered, inserted and
+committed, then pushed by the process's outbox after commit), one event per commit,
+alternating tool_call_start and tool_call_result: each is a layer message of its own (a
+call whose tool ran past QUICK_S, the harder case).
 
 Measured, at every subscriber for every event: receipt time minus the event's `at` (taken
-before its transaction commits) = delivery lag; lost = events a subscriber never got;
-duplicates and out-of-order deliveries; streams the server closed (by code); and CPU
-seconds used by each process during the run (Daphne x2, producer, Redis, this client),
-with the calls a second the run carried per CPU second (two events are one call).
+before its transaction commits; one machine, one clock) = delivery lag; lost = events a
+subscriber never got; duplicates and out-of-order deliveries; streams the server closed
+(by code); and CPU seconds used by each process during the run (Daphne x2, Redis, each
+client process, this one, which only reads Redis as a feed does: the probe; the producer
+while it emitted, without its start), with the calls a second the run carried per CPU
+second (two events are one call).
 
 Prints a summary and writes bench/results/stream-lag-<date>-redis.json (`--output`).
 Nothing here asserts on timings. See docs/performance.md.
@@ -97,11 +102,13 @@ def produce():
 
 async def main():
     events.remember_server_loop()
+    cpu = time.process_time()
     emitted, took = await asyncio.to_thread(produce)
     box = events.outbox(asyncio.get_running_loop())
     while box.pending or box.missed or (box.sender is not None and not box.sender.done()):
         await asyncio.sleep(0.05)
-    print(f"PRODUCED {emitted} {took:.3f} {box.dropped}", flush=True)
+    cpu = time.process_time() - cpu
+    print(f"PRODUCED {emitted} {took:.3f} {box.dropped} {cpu:.3f}", flush=True)
 
 asyncio.run(main())
 """
@@ -140,7 +147,7 @@ async def probe(
 @dataclass
 class Stream:
     ws: Any
-    process: int
+    process: int  # which Daphne
     seen: list[tuple[int, float]] = field(default_factory=list)  # (seq, received)
     close_code: int | None = None
     control: list[dict[str, Any]] = field(default_factory=list)  # non-event messages
@@ -163,6 +170,96 @@ async def read(stream: Stream, at_by_seq: dict[int, str]) -> None:
     except ConnectionClosed:
         pass
     stream.close_code = stream.ws.close_code
+
+
+async def client(config_path: Path) -> int:
+    """One client process (`--client CONFIG`): opens its share of the streams, says READY,
+    reads them; told `EMITTED <n> <drain s>` on stdin, waits for event n on every stream
+    (or the drain), says DRAINED (the parent reads the CPU clocks then); told REPORT,
+    closes its streams and writes what each one received to the config's `output`."""
+    config = json.loads(config_path.read_text())
+    gate = asyncio.Semaphore(25)
+    streams = [
+        Stream(await connect(url, config["key"], origin, gate), server)
+        for url, origin, server in config["streams"]
+    ]
+    at_by_seq: dict[int, str] = {}
+    readers = [asyncio.ensure_future(read(stream, at_by_seq)) for stream in streams]
+    loop = asyncio.get_running_loop()
+    gc.collect()
+    gc.disable()  # as the single client did: no collector pauses in the measured phase
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    _, emitted_s, drain_s = line.split()
+    emitted, deadline = int(emitted_s), time.monotonic() + float(drain_s)
+    while time.monotonic() < deadline and not all(
+        (s.seen and s.seen[-1][0] >= emitted) or s.close_code is not None for s in streams
+    ):
+        await asyncio.sleep(0.1)
+    sys.stdout.write("DRAINED\n")
+    sys.stdout.flush()
+    await loop.run_in_executor(None, sys.stdin.readline)
+    gc.enable()
+    for stream in streams:
+        await stream.ws.close()
+    await asyncio.gather(*readers, return_exceptions=True)
+    report = {
+        "at": at_by_seq,
+        "streams": [
+            {"process": s.process, "seen": s.seen, "close_code": s.close_code,
+             "control": s.control}
+            for s in streams
+        ],
+    }  # fmt: skip
+    Path(config["output"]).write_text(json.dumps(report))
+    return 0
+
+
+class ClientProcess:
+    """A client process as the parent sees it (see `client`)."""
+
+    def __init__(self, index: int, work: Path, streams: list[tuple[str, str, int]], key: str):
+        self.index = index
+        self.config = work / f"client-{index}.json"
+        self.output = work / f"client-{index}-out.json"
+        self.log = work / f"client-{index}.log"
+        self.config.write_text(
+            json.dumps({"key": key, "streams": streams, "output": str(self.output)})
+        )
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, env: dict[str, str]) -> None:
+        with self.log.open("ab") as sink:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).resolve()), "--client", str(self.config),
+                cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink,
+            )  # fmt: skip
+
+    async def expect(self, word: str, timeout: float) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        except TimeoutError:
+            raise BenchError(f"client {self.index} did not say {word}:\n{tail(self.log)}") from None
+        if line.decode().strip() != word:
+            raise BenchError(f"client {self.index} said {line!r}, not {word}:\n{tail(self.log)}")
+
+    def tell(self, line: str) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+
+    async def report(self) -> dict[str, Any]:
+        assert self.process is not None
+        self.tell("REPORT")
+        if await asyncio.wait_for(self.process.wait(), 60):
+            raise BenchError(f"client {self.index} failed:\n{tail(self.log)}")
+        loaded: dict[str, Any] = json.loads(self.output.read_text())
+        return loaded
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
 
 
 def at_seconds(text: str) -> float:
@@ -194,26 +291,34 @@ async def measure(
         servers = [
             stack.enter_context(daphne(env, work / f"daphne-{n}.log", None)) for n in range(2)
         ]
-        gate = asyncio.Semaphore(25)
-        streams: list[Stream] = []
+        # Subscriber n is on Daphne n % 2; pairs of them go to the client processes in turn.
+        shares: list[list[tuple[str, str, int]]] = [[] for _ in range(args.client_procs)]
         for n in range(args.subscribers):
             server = servers[n % 2]
-            ws = await connect(f"{server.ws_base}/ws/v1/runs/{run_id}/", key, server.base, gate)
-            streams.append(Stream(ws, n % 2))
-        at_by_seq: dict[int, str] = {}
+            url = f"{server.ws_base}/ws/v1/runs/{run_id}/"
+            shares[(n // 2) % args.client_procs].append((url, server.base, n % 2))
+        clients = [ClientProcess(i, work, share, key) for i, share in enumerate(shares) if share]
+        for process in clients:
+            stack.callback(process.kill)
+        for process in clients:
+            await process.start(env)
+        for process in clients:
+            await process.expect("READY", 180)
         probed: dict[int, float] = {}
         probe_ready = asyncio.Event()
         prober = asyncio.ensure_future(
             probe(redis_url, run_group(args.tenant_id, run_id), probe_ready, probed)
         )
         await asyncio.wait_for(probe_ready.wait(), 30)
-        readers = [asyncio.ensure_future(read(stream, at_by_seq)) for stream in streams]
         await asyncio.sleep(args.settle)
         pids = {"daphne-0": servers[0].process.pid, "daphne-1": servers[1].process.pid}
         rpid = redis_pid(redis_url)
         if rpid is not None:
             pids["redis"] = rpid
-        pids["client"] = os.getpid()
+        for process in clients:
+            assert process.process is not None
+            pids[f"client-{process.index}"] = process.process.pid
+        pids["bench"] = os.getpid()  # the probe
         code = f"RUN={run_id!r}\nRATE={args.rate}\nSECONDS={args.seconds}\n" + PRODUCER_CODE
         log_path = work / "producer.log"
         load_before = load_average()
@@ -227,39 +332,42 @@ async def measure(
             )  # fmt: skip
         pids["producer"] = producer.pid
         before = process_cpu(pids)
-        producer_cpu: float | None = None
         while producer.poll() is None:
-            producer_cpu = cpu_seconds(producer.pid) or producer_cpu
             await asyncio.sleep(0.2)
         assert producer.stdout is not None
         output = producer.stdout.read().decode()
         line = next((x for x in output.splitlines() if x.startswith("PRODUCED ")), None)
         if producer.returncode or line is None:
             raise BenchError(f"the producer failed:\n{output}\n{tail(log_path)}")
-        _, emitted_s, took_s, dropped_s = line.split()
+        _, emitted_s, took_s, dropped_s, producer_cpu_s = line.split()
         emitted = int(emitted_s)
-        # Wait for the last event everywhere (or --drain seconds), then stop counting.
-        deadline = time.monotonic() + args.drain
-        while time.monotonic() < deadline and not all(
-            (s.seen and s.seen[-1][0] >= emitted) or s.close_code is not None for s in streams
-        ):
-            await asyncio.sleep(0.1)
+        # Each client waits for the last event on its streams (or --drain seconds).
+        for process in clients:
+            process.tell(f"EMITTED {emitted} {args.drain}")
+        for process in clients:
+            await process.expect("DRAINED", args.drain + 60)
         after = process_cpu(pids)
         wall = time.time() - started
         gc.enable()
         load_after = load_average()
         prober.cancel()
-        for stream in streams:
-            await stream.ws.close()
-        await asyncio.gather(*readers, return_exceptions=True)
+        reports = [await process.report() for process in clients]
 
+    at_by_seq: dict[int, str] = {}
+    streams: list[Stream] = []
+    for report in reports:
+        at_by_seq.update({int(seq): text for seq, text in report["at"].items()})
+        for found in report["streams"]:
+            seen = [(int(seq), float(received)) for seq, received in found["seen"]]
+            stream = Stream(None, found["process"], seen)
+            stream.close_code, stream.control = found["close_code"], found["control"]
+            streams.append(stream)
     used = {
         name: (after[name] - before[name])  # type: ignore[operator]
         for name in pids
         if before.get(name) is not None and after.get(name) is not None
     }
-    if producer_cpu is not None:
-        used["producer"] = producer_cpu
+    used["producer"] = float(producer_cpu_s)  # while it emitted: not Django's start
     at = {seq: at_seconds(text) for seq, text in at_by_seq.items()}
     lags: list[float] = []
     lost = duplicates = out_of_order = 0
@@ -298,6 +406,7 @@ async def measure(
     return {
         "run": run_id,
         "subscribers": args.subscribers,
+        "client_procs": len(reports),
         "rate_asked": args.rate,
         "seconds": args.seconds,
         "emitted": emitted,
@@ -338,7 +447,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tenant-id", type=int, default=1, help="the bench tenant's pk")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir and logs")
     parser.add_argument("--output", type=Path, default=None)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--client-procs", type=int, default=4, help="client processes sharing the subscribers"
+    )
+    parser.add_argument("--client", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.client_procs < 1:
+        parser.error("--client-procs must be at least 1")
+    return args
 
 
 def default_output(now: datetime) -> Path:
@@ -352,6 +468,9 @@ def default_output(now: datetime) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.client is not None:
+        raise_nofile(args.subscribers + 256)
+        return asyncio.run(client(args.client))
     nofile = raise_nofile(args.subscribers + 256)
     code = code_version()
     work = Path(tempfile.mkdtemp(prefix="toolhub-stream-lag-"))
