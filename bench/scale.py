@@ -659,6 +659,18 @@ def catalog_timings(api: Any, samples: int) -> tuple[dict[str, float], dict[str,
     return cold_t, warm_t
 
 
+def catalog_only(world: World, api: Any, samples: int) -> dict[str, Any]:
+    """The catalog's figures alone (`--catalog-only`): cold and warm through the API, MCP
+    tools/list warm and cold (the first page after an authorization change)."""
+    from apps.tenants.epoch import bump
+
+    figures: dict[str, Any] = {}
+    figures["catalog_cold"], figures["catalog"] = catalog_timings(api, samples)
+    figures["mcp_tools_list"] = mcp_tools_list(world, samples)
+    figures["mcp_tools_list_cold"] = mcp_tools_list(world, max(3, samples // 3), before=bump)
+    return figures
+
+
 def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
     from asgiref.sync import async_to_sync
     from asgiref.testing import ApplicationCommunicator
@@ -698,7 +710,9 @@ def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[
     return async_to_sync(go)()
 
 
-def mcp_tools_list(world: World, samples: int) -> dict[str, Any]:
+def mcp_tools_list(
+    world: World, samples: int, before: Callable[[], None] | None = None
+) -> dict[str, Any]:
     headers = {
         "Authorization": f"Bearer {world.agent.key}",
         "Accept": "application/json, text/event-stream",
@@ -722,6 +736,8 @@ def mcp_tools_list(world: World, samples: int) -> dict[str, Any]:
 
     def one() -> None:
         nonlocal listed
+        if before is not None:
+            before()
         status, _, text = asgi_http(
             "/mcp/", {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session
         )
@@ -861,6 +877,11 @@ def main() -> None:
         help="sql: rows made by the database (fast); orm: bulk_create",
     )
     parser.add_argument("--output")
+    parser.add_argument(
+        "--catalog-only",
+        action="store_true",
+        help="only the catalog and MCP tools/list (cold and warm), printed, not written",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.records.split(",")]
 
@@ -872,6 +893,13 @@ def main() -> None:
         world = World()
         report["catalog_build"] = build_catalog(world, args.tools, args.rules)
         say(f"catalog: {report['catalog_build']}")
+        if args.catalog_only:
+            from django.test import Client
+
+            api = Client(HTTP_AUTHORIZATION=f"Bearer {world.agent.key}", HTTP_HOST="localhost")
+            figures = catalog_only(world, api, args.samples)
+            say(json.dumps(figures, indent=1) + f"\nload average {os.getloadavg()}")
+            return
         empty: dict[str, Any] | None = None
         for level in levels:
             built = grow(world, level, args.run_calls, args.builder)

@@ -250,7 +250,9 @@ def access_of(tenant: Tenant, principal: str) -> Access:
         decision = evaluator.decide(tool)
         if decision.allowed:
             may = user is not None and can_execute(user, tool)
-            rules = [r for p in evaluator.policies for r in p.rules.all() if r.matches(tool)]
+            rules = [
+                r for p in evaluator.policies for r in evaluator.rules_of[p.pk] if r.matches(tool)
+            ]
             tools.append(ToolAccess(tool, decision, may, rules))
     grants = list(
         Grant.objects.active()

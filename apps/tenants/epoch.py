@@ -39,7 +39,6 @@ from toolhub.db.postgresql import statement_cursor
 T = TypeVar("T")
 _M = TypeVar("_M", bound=models.Model)
 
-ROW = 1  # the one row of AuthzEpoch
 MAX_ENTRIES = 10_000  # per cache; past it the cache starts over (a bound, not a policy)
 
 
@@ -47,22 +46,27 @@ def _new_value() -> int:
     return secrets.randbits(62)
 
 
-_select: dict[str, str] = {}  # the read's SQL per database alias, built once
+ROW = 1  # the one row of AuthzEpoch
+# A second row, the tools epoch: only edits of tool rows change it (apps/tools/rows.py
+# keeps the usable tools' rows under it, so a policy's or grant's edit reloads no tool).
+TOOLS_ROW = 2
+
+_select: dict[tuple[str, int], str] = {}  # the read's SQL per database alias and row
 
 
-def _select_sql(using: str) -> str:
-    sql = _select.get(using)
+def _select_sql(using: str, row: int = ROW) -> str:
+    sql = _select.get((using, row))
     if sql is None:
         model = apps.get_model("tenants", "AuthzEpoch")
         quote = connections[using].ops.quote_name
-        sql = _select[using] = (
+        sql = _select[using, row] = (
             f"SELECT {quote('value')} FROM {quote(model._meta.db_table)} "  # noqa: S608
-            f"WHERE {quote('id')} = {ROW}"
+            f"WHERE {quote('id')} = {row}"
         )
     return sql
 
 
-def _read_value(using: str = "default") -> int | None:
+def _read_value(using: str = "default", row: int = ROW) -> int | None:
     """One SELECT whose text is built once: every request and every queued call reads the
     epoch, and compiling the ORM's query each time was a measurable part of it (issue 13).
 
@@ -71,7 +75,7 @@ def _read_value(using: str = "default") -> int | None:
     this read's, a round trip fewer. A connection already open (a request's earlier
     statement, a transaction begun, a worker's kept connection) is read afresh."""
     wrapper = connections[using]
-    if wrapper.connection is None and _checkout_sql_set and using == "default":
+    if wrapper.connection is None and _checkout_sql_set and using == "default" and row == ROW:
         wrapper.ensure_connection()
         from toolhub.db.postgresql.pool import NOTHING, taken_at_checkout
 
@@ -79,9 +83,9 @@ def _read_value(using: str = "default") -> int | None:
         if answer is not NOTHING:
             return None if answer is None else int(answer)
     with statement_cursor(wrapper) as cursor:
-        cursor.execute(_select_sql(using))
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
+        cursor.execute(_select_sql(using, row))
+        found = cursor.fetchone()
+    return None if found is None else int(found[0])
 
 
 _checkout_sql_set = False  # checkout_sql() handed to the pool (PostgreSQL with its pool)
@@ -106,17 +110,26 @@ def value_sql(using: str = "default") -> str:
     return f"({_select_sql(using)})"
 
 
-def read() -> int:
-    """The epoch now (one query); creates the row if a flush or a fresh database lost it."""
+def read(row: int = ROW) -> int:
+    """The epoch now (one query); creates the row if a flush or a fresh database lost it.
+    `row`: TOOLS_ROW for the tools epoch."""
     model = apps.get_model("tenants", "AuthzEpoch")
-    value = _read_value()
+    value = _read_value(row=row)
     if value is None:
         try:
             with transaction.atomic():
-                value = model.objects.create(pk=ROW, value=_new_value()).value
+                value = model.objects.create(pk=row, value=_new_value()).value
         except IntegrityError:  # another process created it first
-            value = model.objects.filter(pk=ROW).values_list("value", flat=True).get()
+            value = model.objects.filter(pk=row).values_list("value", flat=True).get()
     return value
+
+
+def bump_tools() -> None:
+    """Give the tools epoch a new value, in the caller's transaction (a tool's row was
+    written: apps/tools/rows.py). The authorization epoch is bumped by the same write."""
+    model = apps.get_model("tenants", "AuthzEpoch")
+    if not model.objects.filter(pk=TOOLS_ROW).update(value=_new_value()):
+        read(TOOLS_ROW)
 
 
 def bump(**_signal_kwargs: Any) -> None:

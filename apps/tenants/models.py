@@ -222,8 +222,9 @@ class ApiKey(models.Model):
 
 
 class AuthzEpoch(models.Model):
-    """One row: the number every edit to who-may-do-what changes, so that each process
-    may cache the answers until it does (apps/tenants/epoch.py)."""
+    """The number every edit to who-may-do-what changes, so that each process may cache
+    the answers until it does (row 1), and the tools epoch, which only a tool's row
+    written changes (row 2; apps/tenants/epoch.py)."""
 
     value = models.BigIntegerField()
 

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 class ToolsConfig(AppConfig):
@@ -21,6 +21,12 @@ class ToolsConfig(AppConfig):
         if not registry.all():
             registry.load_modules(settings.TOOLHUB_TOOL_MODULES)
         post_migrate.connect(sync_tools_after_migrate, sender=self)
+        from apps.tools import rows
+        from apps.tools.models import Tool
+
+        # Every write of a tool's row changes the tools epoch (apps/tools/rows.py).
+        post_save.connect(rows.tool_written, sender=Tool, dispatch_uid="tools-epoch-save")
+        post_delete.connect(rows.tool_written, sender=Tool, dispatch_uid="tools-epoch-delete")
 
 
 def sync_tools_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:

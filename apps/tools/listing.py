@@ -4,6 +4,11 @@ With 10,000 tools the catalog's JSON is megabytes: building each tool's entry an
 encoding them took about 300 ms a request (issue 45), though the list only changes with
 the epoch. The encoded body is kept beside the catalog itself (apps.policies.policy), per
 caller and format, and dropped with it when anything the catalog reads changes.
+
+Below the body, each tool's entry is kept encoded per process by the tool's id and
+`updated_at` (every write of a tool stamps it: apps/tools/rows.py), its format and the
+one thing a decision adds to it (requiresApproval): after an authorization change the
+body is a join of these, and only a tool written since is encoded again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from apps.policies.policy import Decision
     from apps.tenants.models import Tenant
     from apps.tools.models import Tool
 
@@ -30,6 +36,10 @@ FORMATS: dict[str, Callable[[Tool], dict[str, Any]] | None] = {
 }
 
 _BODIES = EpochCache("catalog bodies")
+# Encoded entries by (tool id, updated_at, format, requiresApproval); started over past
+# MAX_ENTRIES (entries of tools edited since linger until then: never looked up again).
+_ENTRIES: dict[tuple[Any, ...], bytes] = {}
+MAX_ENTRIES = 50_000
 
 
 def catalog_body(
@@ -55,15 +65,16 @@ def _encode(
     allowed = catalog(tenant, principal, user)
     if run is not None:
         allowed = [(tool, d) for tool, d in allowed if tool.pk in run[1]]
-    encode = FORMATS[wire_format]
-    tools = [encode(tool) if encode else tool_spec(tool, d) for tool, d in allowed]
-    body: dict[str, object] = {"tools": tools}
-    if not tools and run is not None:
+    if allowed:
+        entries = b",".join(_entry(tool, d, wire_format) for tool, d in allowed)
+        return b'{"tools":[' + entries + b"]}"
+    body: dict[str, object] = {"tools": []}
+    if run is not None:
         body["notice"] = (
             f"No tool on the allowlist of run {run[0]} is available to {principal} now: "
             "each was disabled or is no longer allowed by a policy."
         )
-    elif not tools:
+    else:
         # Never a silent empty list: say why, so nobody runs a model tool-less by accident.
         body["notice"] = (
             f"No tool is available to {principal} in tenant {tenant.slug}: "
@@ -71,3 +82,18 @@ def _encode(
             "(execute_tool permission)."
         )
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _entry(tool: Tool, decision: Decision, wire_format: str) -> bytes:
+    """One tool's entry, encoded as the body encodes it (UTF-8, compact)."""
+    approval = tool.requires_confirmation or decision.requires_approval
+    key = (tool.pk, tool.updated_at, wire_format, approval)
+    found = _ENTRIES.get(key)
+    if found is None:
+        encode = FORMATS[wire_format]
+        entry = encode(tool) if encode else tool_spec(tool, decision)
+        found = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(_ENTRIES) >= MAX_ENTRIES:
+            _ENTRIES.clear()
+        _ENTRIES[key] = found
+    return found

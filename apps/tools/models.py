@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
+from django.utils import timezone
 
+from apps.tenants import epoch
 from apps.tenants.epoch import EpochCache, EpochQuerySet
 from apps.tools import call_settings
 from apps.tools.contracts import (
@@ -65,7 +68,35 @@ _TOOLS = EpochCache("tools")
 
 
 class ToolQuerySet(EpochQuerySet["Tool"]):
-    """Bulk updates (enable, disable, mark gone) change the authorization epoch."""
+    """Bulk updates (enable, disable, mark gone) change the authorization epoch, and the
+    tools epoch, and stamp `updated_at` as a save does: the catalog keeps each tool's row
+    and encoding per process by it (apps/tools/rows.py)."""
+
+    def update(self, **kwargs: Any) -> int:
+        kwargs.setdefault("updated_at", timezone.now())
+        with transaction.atomic(using=self.db):
+            changed = super().update(**kwargs)
+            if changed:
+                epoch.bump_tools()
+        return changed
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Tool]:
+        with transaction.atomic(using=self.db):
+            made = super().bulk_create(objs, *args, **kwargs)
+            if made:
+                epoch.bump_tools()
+        return made
+
+    def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
+        objs, now = list(objs), timezone.now()
+        for obj in objs:
+            obj.updated_at = now
+        fields = [*fields, "updated_at"] if "updated_at" not in fields else fields
+        with transaction.atomic(using=self.db):
+            changed = super().bulk_update(objs, fields, *args, **kwargs)
+            if changed:
+                epoch.bump_tools()
+        return changed
 
     def usable(self) -> ToolQuerySet:
         """Tools a policy may hand out: enabled by staff and still provided."""

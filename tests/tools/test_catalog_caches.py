@@ -1,0 +1,294 @@
+"""The catalog's process caches (issue 45): tool rows per tools epoch, encoded entries per
+tool version, decisions per kind of answer. Each must let an edit show on the very next
+catalog, in this process and in every other, and per caller, tenant and format."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import connection
+from guardian.shortcuts import assign_perm, remove_perm
+
+from apps.policies.models import Outcome, Policy, PolicyRule
+from apps.policies.policy import Evaluator
+from apps.tenants import epoch
+from apps.tenants.models import ApiKey
+from apps.tenants.principals import agents_group
+from apps.tools import rows
+from apps.tools.models import Tool
+from tests.conftest import CORE_TOOLS, Agent, allow, make_agent
+from tests.support.server import ROOT, database_url
+
+TOOL = "core__get_current_time"
+
+
+def listed(agent: Agent, **params: str) -> dict[str, dict[str, Any]]:
+    response = agent.tools(**params)
+    assert response.status_code == 200, response.content
+    return {
+        t.get("id") or t.get("name") or t["function"]["name"]: t for t in response.json()["tools"]
+    }
+
+
+def bulk_tools(count: int) -> list[str]:
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+    ids = [f"bulk__tool_{i:04}" for i in range(count)]
+    Tool.objects.bulk_create(
+        [
+            Tool(
+                id=pk,
+                name=pk,
+                description=f"Tool {pk}",
+                input_schema=schema,
+                schema_hash=f"{i:016x}",
+                effect="read_only",
+                consequence_level="low",
+                enabled=True,
+            )
+            for i, pk in enumerate(ids)
+        ]
+    )
+    return ids
+
+
+@pytest.mark.django_db
+def test_one_tool_edited_among_many_reloads_that_row_alone(agent: Agent) -> None:
+    ids = bulk_tools(300)
+    made = Tool.objects.filter(pk__in=ids)
+    Policy.objects.get(tenant=agent.tenant).tools.add(*made)
+    # (guardian's stubs name one object; a queryset is one bulk write)
+    assign_perm("tools.execute_tool", agents_group(agent.tenant), made)  # type: ignore[arg-type]
+    assert len(listed(agent)) == 300 + len(CORE_TOOLS)
+    before = rows.usable()
+    Tool.objects.filter(pk=ids[7]).update(description="Edited in bulk")
+    after = rows.usable()
+    assert after[ids[7]] is not before[ids[7]]
+    assert after[ids[7]].description == "Edited in bulk"
+    assert all(after[pk] is before[pk] for pk in ids if pk != ids[7])
+    assert listed(agent)[ids[7]]["description"] == "Edited in bulk"
+    changed = Tool.objects.get(pk=ids[8])
+    changed.description = "Edited by a save"
+    changed.save()
+    assert listed(agent)[ids[8]]["description"] == "Edited by a save"
+
+
+@pytest.mark.django_db
+def test_every_kind_of_tool_write_changes_the_tools_epoch_and_the_stamp(agent: Agent) -> None:
+    tool = Tool.objects.get(pk=TOOL)
+    writes = [
+        lambda: Tool.objects.get(pk=TOOL).save(),
+        lambda: Tool.objects.filter(pk=TOOL).update(timeout_ms=999),
+        lambda: Tool.objects.bulk_update([Tool.objects.get(pk=TOOL)], ["description"]),
+        lambda: bulk_tools(1),
+        lambda: Tool.objects.filter(pk="bulk__tool_0000").delete(),
+    ]
+    for write in writes:
+        at, stamp = epoch.read(epoch.TOOLS_ROW), Tool.objects.get(pk=TOOL).updated_at
+        write()
+        assert epoch.read(epoch.TOOLS_ROW) != at
+        if write in writes[:3]:
+            assert Tool.objects.get(pk=TOOL).updated_at > stamp
+    assert tool.updated_at < Tool.objects.get(pk=TOOL).updated_at
+
+
+@pytest.mark.django_db
+def test_a_policy_edit_reloads_no_tool_row(agent: Agent) -> None:
+    listed(agent)
+    before = rows.usable()
+    Policy.objects.filter(tenant=agent.tenant).update(approval_effects=["read_only"])
+    assert rows.usable() is before
+    # ...and the entry's requiresApproval follows the decision, not the cached encoding.
+    assert listed(agent)[TOOL]["requiresApproval"] is True
+    Policy.objects.filter(tenant=agent.tenant).update(approval_effects=[])
+    assert listed(agent)[TOOL]["requiresApproval"] is False
+
+
+@pytest.mark.django_db
+def test_a_disabled_tool_an_unlisted_tool_and_a_revoked_grant_leave_the_next_catalog(
+    agent: Agent,
+) -> None:
+    for wire_format in ("", "openai", "anthropic"):
+        assert TOOL in listed(agent, format=wire_format) if wire_format else listed(agent)
+    Tool.objects.filter(pk=TOOL).update(enabled=False)
+    assert TOOL not in listed(agent)
+    assert TOOL not in listed(agent, format="openai")
+    Tool.objects.filter(pk=TOOL).update(enabled=True)
+    assert TOOL in listed(agent)
+    policy = Policy.objects.get(tenant=agent.tenant)
+    policy.tools.remove(Tool.objects.get(pk=TOOL))
+    assert TOOL not in listed(agent)
+    policy.tools.add(Tool.objects.get(pk=TOOL))
+    assert TOOL in listed(agent)
+    remove_perm("tools.execute_tool", agents_group(agent.tenant), Tool.objects.get(pk=TOOL))
+    assert TOOL not in listed(agent)
+    assert TOOL not in listed(agent, format="anthropic")
+
+
+@pytest.mark.django_db
+def test_each_caller_and_tenant_sees_its_own_catalog(agent: Agent, stranger: Agent) -> None:
+    second = make_agent(agent.tenant.slug, "agent:second")  # same tenant, its own user
+    assert TOOL in listed(agent) and TOOL in listed(stranger) and TOOL in listed(second)
+    # Revoked for the second agent's user alone: its own group, not the tenant's agents.
+    user = ApiKey.objects.get(tenant=agent.tenant, principal="agent:second").user
+    user.groups.remove(agents_group(agent.tenant))
+    assert TOOL not in listed(second)
+    assert TOOL in listed(agent) and TOOL in listed(stranger)
+    Policy.objects.filter(tenant=stranger.tenant).update(enabled=False)
+    assert listed(stranger) == {}
+    assert TOOL in listed(agent)
+
+
+@pytest.mark.django_db
+def test_a_rule_of_a_principal_lists_its_tool_for_that_principal_only(agent: Agent) -> None:
+    (extra,) = bulk_tools(1)
+    second = make_agent(agent.tenant.slug, "agent:second")
+    allow(agent.tenant, extra, name="granted only")
+    Policy.objects.filter(name="granted only").update(enabled=False)
+    policy = Policy.objects.create(tenant=agent.tenant, name="by rule", principal="agent:second")
+    PolicyRule.objects.create(
+        policy=policy, tool_pattern="bulk__*", condition="true", outcome=Outcome.ALLOW
+    )
+    assert extra in listed(second) and extra not in listed(agent)
+    PolicyRule.objects.filter(policy=policy).update(outcome=Outcome.DENY)
+    assert extra not in listed(second)
+
+
+@pytest.mark.django_db
+def test_listed_decides_as_decide_does(agent: Agent) -> None:
+    """Evaluator.listed (one decision per kind of answer) against decide (per tool), over
+    explicit listings, patterns, approval effects and allow, deny and approval rules."""
+    ids = bulk_tools(12)
+    allow(agent.tenant, *ids[:4], name="explicit")
+    patterned = Policy.objects.create(
+        tenant=agent.tenant, name="patterned", tool_patterns="bulk__tool_000[4-6]"
+    )
+    Policy.objects.create(
+        tenant=agent.tenant,
+        name="held",
+        tool_patterns="bulk__tool_0002\nbulk__tool_0005",
+        approval_effects=["read_only"],
+    )
+    for pattern, outcome in (
+        ("bulk__tool_0007", Outcome.ALLOW),
+        ("bulk__tool_0008", Outcome.DENY),
+        ("bulk__tool_000[89]", Outcome.REQUIRE_APPROVAL),
+        ("bulk__tool_001*", Outcome.ALLOW),
+        ("bulk__tool_0000", Outcome.DENY),
+    ):
+        PolicyRule.objects.create(
+            policy=patterned, tool_pattern=pattern, condition="true", outcome=outcome
+        )
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    evaluator = Evaluator(agent.tenant, agent.principal, user)
+    for tool in Tool.objects.all():
+        expected = Evaluator(agent.tenant, agent.principal, user).decide(tool)
+        assert evaluator.listed(tool) == (expected if expected.allowed else None), tool.pk
+    assert {t.pk for t in Tool.objects.filter(pk__in=ids) if evaluator.listed(t)} == {
+        *ids[:8],
+        *ids[10:],
+    }
+
+
+@contextmanager
+def edit_mid_build(tool_id: str, **change: Any) -> Iterator[None]:
+    """A connection wrapper: right after the catalog reads the tools' stamps, `change` is
+    written to the tool (another request's edit landing between two of this one's reads)."""
+    done: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not done and '"updated_at"' in sql and "tools_tool" in sql and "SELECT" in sql:
+            done.append(sql)
+            Tool.objects.filter(pk=tool_id).update(**change)
+        return result
+
+    with connection.execute_wrapper(wrapper):
+        yield
+    assert done, "the catalog did not read the tools' stamps"
+
+
+@pytest.mark.django_db
+def test_a_tool_edited_while_a_catalog_is_built(agent: Agent) -> None:
+    ids = bulk_tools(3)
+    allow(agent.tenant, *ids)
+    listed(agent)
+    Tool.objects.filter(pk=ids[1]).update(description="first edit")
+    with edit_mid_build(ids[1], description="landed mid-build"):
+        listed(agent)
+    assert listed(agent)[ids[1]]["description"] == "landed mid-build"
+    Tool.objects.filter(pk=ids[2]).update(description="another edit")
+    with edit_mid_build(ids[2], enabled=False):
+        assert ids[2] not in listed(agent)  # loaded after the stamps: usable() again
+    assert ids[2] not in listed(agent)
+    assert ids[0] in listed(agent)
+
+
+_EDITOR = textwrap.dedent(
+    """
+    import sys
+    import django
+    django.setup()
+    from apps.tools.models import Tool
+    for line in sys.stdin:
+        tool, field, value = line.strip().split(" ", 2)
+        row = Tool.objects.get(pk=tool)
+        setattr(row, field, value == "True" if field == "enabled" else value)
+        row.save()
+        print("saved", flush=True)
+    """
+)
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen[str]]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DJANGO_SETTINGS_MODULE": "toolhub.settings",
+        "TOOLHUB_SECRET_KEY": os.environ.get("TOOLHUB_SECRET_KEY") or "x" * 50,
+    }
+    editor = subprocess.Popen(
+        [sys.executable, "-c", _EDITOR],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield editor
+    finally:
+        assert editor.stdin is not None
+        editor.stdin.close()
+        editor.wait(30)
+
+
+def edit(editor: subprocess.Popen[str], line: str) -> None:
+    assert editor.stdin is not None and editor.stdout is not None
+    editor.stdin.write(line + "\n")
+    editor.stdin.flush()
+    assert editor.stdout.readline().strip() == "saved"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_in_another_process_shows_on_the_next_catalog_here(
+    other_process: subprocess.Popen[str],
+) -> None:
+    agent = make_agent("acme")
+    allow(agent.tenant, *CORE_TOOLS)
+    assert listed(agent)[TOOL]["description"] != "Edited elsewhere"
+    assert TOOL in listed(agent, format="openai")
+    edit(other_process, f"{TOOL} description Edited elsewhere")
+    assert listed(agent)[TOOL]["description"] == "Edited elsewhere"
+    assert listed(agent, format="openai")[TOOL]["function"]["description"] == "Edited elsewhere"
+    edit(other_process, f"{TOOL} enabled False")
+    assert TOOL not in listed(agent)
+    edit(other_process, f"{TOOL} enabled True")
+    assert TOOL in listed(agent)
