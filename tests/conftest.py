@@ -18,9 +18,16 @@ from apps.tenants.principals import agents_group
 from apps.tools.models import Tool
 from apps.tools.registry import registry
 from tests.support import tools as support_tools
+from tests.support.hashers import use_quick_hasher
 from tests.support.threads import close_executor_connections
 
 LEGS = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    use_quick_hasher(settings)  # tests/support/hashers.py: seconds a user otherwise
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
