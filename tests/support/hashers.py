@@ -10,6 +10,8 @@ login, as it would any hash made with an older Django's count.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 
@@ -17,12 +19,11 @@ class QuickPBKDF2PasswordHasher(PBKDF2PasswordHasher):
     iterations = 1_000
 
 
-def use_quick_hasher(settings) -> None:  # type: ignore[no-untyped-def]
+def use_quick_hasher(settings: Any) -> None:
     """Put the quick hasher in the place of the default one, in this process only."""
     from django.contrib.auth import hashers
 
     default = "django.contrib.auth.hashers.PBKDF2PasswordHasher"
     quick = f"{__name__}.{QuickPBKDF2PasswordHasher.__name__}"
     settings.PASSWORD_HASHERS = [quick, *(h for h in settings.PASSWORD_HASHERS if h != default)]
-    hashers.get_hashers.cache_clear()
-    hashers.get_hashers_by_algorithm.cache_clear()
+    hashers.reset_hashers(setting="PASSWORD_HASHERS")  # what a settings change does
