@@ -102,6 +102,17 @@ CORE_TOOLS = [
 ]
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:
+    """pytest-django's, and before it drops the test database: this process's call-lease
+    liveness lock closed (apps.invocations.leases.Life: a connection of its own, held for
+    the process's life, would keep the database from being dropped)."""
+    from apps.invocations import leases
+
+    yield
+    leases.life.close()
+
+
 @pytest.fixture(autouse=True)
 def _shared_thread_connections() -> Iterator[None]:
     """After each test, asgiref's shared thread gives back its database connections: an

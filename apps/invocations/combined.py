@@ -43,15 +43,15 @@ keep the statements one by one: `available()`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import connections
 from django.utils import timezone
 
-from apps.invocations import events, statements
+from apps.invocations import events, leases, statements
 from apps.invocations.events import Event, EventMessage
-from apps.invocations.models import Run, RunEvent
+from apps.invocations.models import Run, RunEvent, Status
 from apps.tenants import epoch
 from apps.tenants.models import Tenant
 from toolhub.db.postgresql import statement_cursor
@@ -71,6 +71,7 @@ class Pending:
     event: Event
     needs_claim: bool
     claim: int = 0
+    end: Any = None  # the record whose end this event reports: written only with it
 
 
 @dataclass
@@ -178,16 +179,32 @@ def write_many(
     guarded_updates += [
         (row, fields, n) for n, claim in enumerate(claims) for row, fields in claim.updates
     ]
+    # A leased call's end applies only while its record is still running (leases.guard):
+    # its CTE answers a negative number in `ends`, and its events need that number.
+    ends: dict[int, tuple[int, Any]] = {}
     for index, (row, fields, needs) in enumerate(guarded_updates):
-        built = statements.update_sql(row, fields)
+        late = needs is None and leases.guarded(row)
+        only_if = {"status": Status.RUNNING} if late else None
+        built = statements.update_sql(row, fields, only_if=only_if)
         if built is None:
             undo()
             return None
         guard = (
             "" if needs is None else f" AND EXISTS (SELECT 1 FROM claimed WHERE k = {needs})"  # noqa: S608
         )
-        parts.append(f"u{index} AS ({built[0]}{guard} RETURNING 1)")
+        if late:
+            ends[id(row)] = (-1 - index, row)
+        answer = f"{-1 - index} AS k" if late else "1"
+        parts.append(f"u{index} AS ({built[0]}{guard} RETURNING {answer})")
         params += built[1]
+    ended = " UNION ALL ".join(f"SELECT k FROM u{-1 - k}" for k, _ in ends.values())  # noqa: S608
+    parts.append(f"ends AS ({ended or 'SELECT 0 AS k WHERE false'})")
+    pending = [
+        replace(item, needs_claim=True, claim=ends[id(item.end)][0])
+        if item.end is not None and id(item.end) in ends
+        else item
+        for item in pending
+    ]
     streamed = [events.streamed(item.run_id, item.event, 0) for item in pending]
     if pending:
         sql, event_params = _events_sql(connection, pending, streamed)
@@ -196,7 +213,8 @@ def write_many(
     numbered = "numbered" if pending else "(SELECT NULL::bigint, NULL::text, NULL::bigint)"
     parts_sql = ", ".join(parts)
     answer_sql = (
-        f"SELECT ARRAY(SELECT k FROM claimed), {current}, n.tenant_id, n.run_id, "  # noqa: S608
+        "SELECT ARRAY(SELECT k FROM claimed UNION ALL SELECT k FROM ends), "  # noqa: S608
+        f"{current}, n.tenant_id, n.run_id, "
         f"n.last_seq FROM (SELECT 1) AS one LEFT JOIN {numbered} AS n(tenant_id, run_id, "
         "last_seq) ON true"
     )
@@ -214,6 +232,9 @@ def write_many(
     for order, claim in enumerate(claims):
         if order not in took:
             claim.guarded.undo()
+    for k, row in ends.values():
+        if k not in took:  # settled meanwhile: its end and its event were not written
+            leases.late_end(row)
     last = {(int(t), str(r)): int(s) for _, _, t, r, s in answer if t is not None}
     written = [
         item
@@ -329,7 +350,8 @@ def _events_sql(
         sql = _event_statements[key] = (
             f"wanted AS (SELECT * FROM (VALUES {', '.join(rows)}) "  # noqa: S608 (names only)
             f"AS e(ord, {table.names}, needs_claim, claim) "
-            "WHERE NOT e.needs_claim OR e.claim IN (SELECT k FROM claimed)), "
+            "WHERE NOT e.needs_claim OR e.claim IN (SELECT k FROM claimed) "
+            "OR e.claim IN (SELECT k FROM ends)), "
             f"numbered AS (INSERT INTO {table.run_table} (tenant_id, run_id, last_seq, "
             "created_at) SELECT tenant_id, run_id, count(*), %s::timestamptz FROM wanted "
             "GROUP BY tenant_id, run_id ORDER BY tenant_id, run_id "

@@ -116,6 +116,10 @@ class InvocationRecord(models.Model):
     # Nullable without defaults: SQLite adds them without rebuilding the table.
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     tool_pending = models.BooleanField(null=True, blank=True)
+    # Who holds the lease: the process that runs the call (leases.Life.token), so that a
+    # retry can tell at once whether it died (its liveness lock is free) without waiting
+    # for the lease to run out.
+    lease_owner = models.CharField(max_length=120, null=True, blank=True)  # noqa: DJ001
     # How the key above was made (apps/invocations/ledger.py): `custom` (the caller's),
     # `auto` or `params` (derived by the tool's strategy). Null: the call has no key.
     idempotency_strategy = models.CharField(  # noqa: DJ001

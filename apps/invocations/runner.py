@@ -805,7 +805,7 @@ def _start_combined(
 def _end_events(ends: list[InvocationRecord]) -> list[combined.Pending]:
     """The closed records' tool_call_result events, for one statement (combined)."""
     return [
-        combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False)
+        combined.Pending(end.tenant, end.run_id, _result_event(end), needs_claim=False, end=end)
         for end in ends
     ]
 
@@ -1316,7 +1316,8 @@ def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
     A running (or approved and queued) first attempt may be in another process, so the
     record is the one thing both can see: poll it until it ends, for at most the tool's
     timeout (times its attempts, with their waits) plus a margin, and only while its
-    process renews its lease on time (apps/invocations/leases.py). A held call is
+    process renews its lease on time (apps/invocations/leases.py). A call whose owner is
+    known dead is settled here and answered at once (the settled record). A held call is
     answered at once (202, same approval). If it is still unfinished then (its process
     stopped renewing, or the queue is slow), the record is returned as it is, with the
     time left on its lease as its retry hint (retryAfterMs, not saved), and the view
@@ -1326,6 +1327,12 @@ def _outcome_of(call: Call, earlier: InvocationRecord) -> InvocationRecord:
     pause, longest = REPLAY_POLL_S
     record = earlier
     while record.status in (Status.RUNNING, Status.QUEUED) and time.monotonic() < deadline:
+        if leases.owner_dead(record):  # settled here, at once: its state and retry hint
+            settled = settle_lapsed(record, owner_dead=True)
+            if settled is None:
+                record.refresh_from_db()
+                continue
+            return settled
         if not leases.fresh(record):
             break
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
@@ -1444,6 +1451,7 @@ STARTING_FIELDS = (
     "request_hash",
     "lease_expires_at",
     "tool_pending",
+    "lease_owner",
 )
 
 
@@ -1471,6 +1479,7 @@ def record_start(call: Call) -> InvocationRecord | None:
         started_at=now,
         lease_expires_at=leases.expires(),
         tool_pending=_tool_pending(call),
+        lease_owner=leases.owner(),
     )
     ledger.link_retry(call.record, call.previous)
     _no_approval(call.record)
@@ -1517,7 +1526,13 @@ def _tool_begins(call: Call) -> None:
     if record is None or not record.tool_pending:
         return
     record.tool_pending = None
-    InvocationRecord.objects.filter(pk=record.pk).update(tool_pending=None)
+    handed = InvocationRecord.objects.filter(
+        pk=record.pk, status=Status.RUNNING, ended_at__isnull=True
+    ).update(tool_pending=None)
+    if not handed:  # settled meanwhile as never run (its process paused past its lease):
+        raise Refusal(  # not handed to its tool now, nor retried (its end is not written)
+            ErrorCode.CANCELLED, "The call was settled before its tool ran: it did not run."
+        )
 
 
 def _savepoint_if_nested() -> AbstractContextManager[Any]:
@@ -1538,6 +1553,7 @@ def _mark_started(call: Call, now: datetime) -> None:
     call.record.request_hash = call.request_hash
     call.record.lease_expires_at = leases.expires()
     call.record.tool_pending = _tool_pending(call)
+    call.record.lease_owner = leases.owner()
 
 
 def take_slot(call: Call) -> concurrency.Slot | None:
@@ -2079,23 +2095,23 @@ def settle_orphan(record: InvocationRecord, *, never_ran: bool) -> InvocationRec
     return _close_record(record, ok=False, refusal=refusal)
 
 
-def settle_lapsed(record: InvocationRecord) -> InvocationRecord | None:
-    """End a call whose lease ran out, with its result event: `unavailable` if it never
-    reached its tool, else `execution`. Locked and read again first: a call that ended,
-    or whose lease was renewed, meanwhile is left alone (None)."""
+def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> InvocationRecord | None:
+    """End a call whose lease ran out, or whose owner is known dead (`owner_dead`: its
+    liveness lock was free, leases.owner_dead), with its result event: `unavailable` if it
+    never reached its tool, else `execution`. Locked and read again first: a call that
+    ended, or whose lease was renewed (or taken by another owner), meanwhile is left alone
+    (None)."""
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
     with transaction.atomic():
         now = timezone.now()
+        lapsed = (
+            {"lease_owner": record.lease_owner} if owner_dead else {"lease_expires_at__lte": now}
+        )
         current = (
             InvocationRecord.objects.select_for_update(of=("self",))
             .select_related("tenant", "tool")
-            .filter(
-                pk=record.pk,
-                ended_at__isnull=True,
-                status=Status.RUNNING,
-                lease_expires_at__lte=now,
-            )
+            .filter(pk=record.pk, ended_at__isnull=True, status=Status.RUNNING, **lapsed)
             .first()
         )
         if current is None:
@@ -2105,9 +2121,10 @@ def settle_lapsed(record: InvocationRecord) -> InvocationRecord | None:
             invocation_id=current.pk, status=ApprovalStatus.EXECUTING
         ).update(status=ApprovalStatus.FAILED)
     leases.logger.warning(
-        "settled call %s (%s) whose process stopped renewing its lease: %s",
+        "settled call %s (%s) whose process %s: %s",
         current.pk,
         current.tool_ref,
+        "died (its liveness lock was free)" if owner_dead else "stopped renewing its lease",
         settled.error_code,
     )
     return settled
@@ -2119,7 +2136,29 @@ def settle_lapsed_calls(limit: int = 500) -> int:
     candidates = InvocationRecord.objects.filter(
         ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=timezone.now()
     ).only("pk")[:limit]
-    return sum(settle_lapsed(record) is not None for record in candidates)
+    settled = sum(settle_lapsed(record) is not None for record in candidates)
+    return settled + settle_dead_owners(limit)
+
+
+def settle_dead_owners(limit: int = 500) -> int:
+    """The calls whose renewal is overdue and whose owner is known dead (leases.owner_dead,
+    one look per owner), settled before their lease runs out."""
+    overdue = timezone.now() + timedelta(seconds=leases.lease_s() - leases.overdue_s())
+    candidates = InvocationRecord.objects.filter(
+        ended_at__isnull=True,
+        status=Status.RUNNING,
+        lease_owner__isnull=False,
+        lease_expires_at__lte=overdue,
+    ).only("pk", "lease_owner", "lease_expires_at", "status", "ended_at")[:limit]
+    dead: dict[str, bool] = {}
+    settled = 0
+    for record in candidates:
+        owner = str(record.lease_owner)
+        if owner not in dead:
+            dead[owner] = leases.owner_dead(record)
+        if dead[owner]:
+            settled += settle_lapsed(record, owner_dead=True) is not None
+    return settled
 
 
 # What _close_record sets, and the start of a held call that ends without running.
@@ -2156,6 +2195,8 @@ def _close_record(
     `closing` (a worker's call) that transaction is the worker's next one. The receipt is
     signed here and written with the end: no statement of its own."""
     assert record.started_at is not None
+    if not record._state.adding and record.status == Status.RUNNING and record.lease_expires_at:
+        leases.guard(record)  # its end applies only to a record still running (late end)
     record.ended_at = timezone.now()
     record.duration_ms = max(0, int((record.ended_at - record.started_at).total_seconds() * 1000))
     record.ok = ok
@@ -2179,9 +2220,10 @@ def _close_record(
         with transaction.atomic(savepoint=False):  # inside record_refusal's: no savepoint
             if adding:
                 statements.insert([record])
-            else:  # the columns a call's end sets (issue 13: not an UPDATE of every column)
-                statements.update(record, CLOSING_FIELDS)
-            events.emit_many(record.tenant, record.run_id, batch)
+            elif not _update_end(record):  # settled meanwhile: nothing of this end is written
+                batch = []
+            if batch:
+                events.emit_many(record.tenant, record.run_id, batch)
     _log(record)
     return record
 
@@ -2213,15 +2255,32 @@ def _written_together(record: InvocationRecord, batch: list[events.Event], *, in
     using = record._state.db or "default"
     if not combined.available(using) or events.gathering():
         return False
-    pending = [combined.Pending(record.tenant, record.run_id, event, False) for event in batch]
+    end = None if insert else record  # a guarded end's event: only if the end applies
+    pending = [
+        combined.Pending(record.tenant, record.run_id, event, False, end=end) for event in batch
+    ]
     if insert:
         return combined.record(using, [record], [], pending)
     return combined.record(using, [], [(record, CLOSING_FIELDS)], pending)
 
 
+def _update_end(record: InvocationRecord) -> bool:
+    """UPDATE the columns a call's end sets (issue 13: not every column); a leased call's
+    only while its record is still running. False, nothing written, when it was settled
+    meanwhile: what the end knew is logged, the record read again (leases.late_end)."""
+    if not leases.guarded(record):
+        statements.update(record, CLOSING_FIELDS)
+        return True
+    if statements.update(record, CLOSING_FIELDS, only_if={"status": Status.RUNNING}):
+        return True
+    leases.late_end(record)
+    return False
+
+
 def _write_end(record: InvocationRecord) -> None:
     """A closed record's end and result event, in the caller's transaction (Closing)."""
-    statements.update(record, CLOSING_FIELDS)
+    if not _update_end(record):
+        return
     events.emit_many(record.tenant, record.run_id, [_result_event(record)])
     transaction.on_commit(lambda: _log(record))
 

@@ -2,10 +2,13 @@
 processes and task workers on one PostgreSQL (and Redis), with a short lease.
 
 - a call whose lease is renewed while it runs past the lease is not settled;
+- a Daphne paused (SIGSTOP) past the lease during a call: the call is settled; resumed
+  (SIGCONT), its late end does not overwrite the settled record, nor adds a second
+  result event, and is logged;
 - a Daphne killed (-9) during an unheld call: a same-key retry on the other Daphne
-  answers 409 with the time left on the lease; once it ran out, the call is settled
-  failed (`execution`: it may have run), its result event reaches a stream on the other
-  process, and the retry runs the call again;
+  finds its owner dead (its liveness lock free) and answers at once, before the lease
+  ran out, with the call settled failed (`execution`: it may have run); its result
+  event reaches a stream on the other process, and the next retry runs the call again;
 - a worker killed (-9) mid-call: another worker's sweeper settles the call and its
   approval, with its result event.
 """
@@ -96,6 +99,41 @@ def test_calls_whose_process_died_are_settled_and_renewed_ones_are_not(test_tool
             results = RunEvent.objects.filter(run_id=body["runId"], type="tool_call_result")
             assert results.count() == 1
 
+            # ---- a Daphne paused past the lease: settled; its late end is not written.
+            trace = tmp_path / "paused.log"
+            args = {"path": str(trace), "token": "t", "ms": 1000}
+            call = {"toolId": WAIT, "args": args, "idempotencyKey": "paused-1", "runId": "run-p"}
+            late: queue.Queue[Any] = queue.Queue()
+            start_thread(lambda: late.put(invoke(a, agent.key, call)))
+            paused = wait_for(lambda: running(run_id="run-p"), 20, "the call")
+            wait_for(lambda: lines(trace) == 1, 20, "the tool to run")
+            os.kill(a.pid, signal.SIGSTOP)
+            try:
+                # Its owner is alive (its lock held) but late: 409, the time left as hint.
+                status, body, headers = invoke(b, agent.key, call)
+                assert status == 409, body
+                assert (body["invocationId"], body["status"]) == (str(paused.pk), "running")
+                assert 0 < body["retryAfterMs"] <= LEASE_MS
+                assert headers["Retry-After"] == str(math.ceil(body["retryAfterMs"] / 1000))
+                settled = wait_for(lambda: ended(paused.pk), 30, "the paused call to settle")
+            finally:
+                os.kill(a.pid, signal.SIGCONT)
+            assert (settled.status, settled.error_code) == (Status.FAILED, "execution")
+            status, body, _ = late.get(timeout=30)  # its own answer: the settled record
+            assert status == 200, body
+            assert (body["invocationId"], body["ok"]) == (str(paused.pk), False)
+            assert body["errorCode"] == "execution", body
+            after = InvocationRecord.objects.get(pk=paused.pk)
+            assert (after.status, after.error_code, after.ended_at, after.result) == (
+                Status.FAILED,
+                "execution",
+                settled.ended_at,
+                None,
+            )
+            results = RunEvent.objects.filter(run_id=paused.run_id, type="tool_call_result")
+            assert results.count() == 1
+            assert f"late end of call {paused.pk}" in a.output()
+
             # ---- a Daphne killed during an unheld call.
             trace = tmp_path / "orphan.log"
             args = {"path": str(trace), "token": "t", "ms": 4000}
@@ -115,15 +153,15 @@ def test_calls_whose_process_died_are_settled_and_renewed_ones_are_not(test_tool
                 os.kill(a.pid, signal.SIGKILL)
                 assert isinstance(answers.get(timeout=30), OSError)
 
-                status, body, headers = invoke(b, agent.key, call)
-                assert status == 409, body
+                # Its owner's liveness lock is free: answered at once with the settled
+                # call, before its lease (never renewed since the kill) ran out.
+                status, body, _ = invoke(b, agent.key, call)
+                assert status == 200, body
                 assert body["invocationId"] == str(orphan.pk)
-                assert body["status"] == "running"
-                assert 0 < body["retryAfterMs"] <= LEASE_MS
-                assert headers["Retry-After"] == str(math.ceil(body["retryAfterMs"] / 1000))
-
-                settled = wait_for(lambda: ended(orphan.pk), 30, "the orphaned call to settle")
+                assert (body["ok"], body["errorCode"]) == (False, "execution"), body
+                settled = InvocationRecord.objects.get(pk=orphan.pk)
                 assert (settled.status, settled.error_code) == (Status.FAILED, "execution")
+                assert settled.ended_at < settled.lease_expires_at
                 received = events(stream, 2, timeout=30)  # its start, then its result
                 assert [e["type"] for e in received] == ["tool_call_start", "tool_call_result"]
                 assert received[1]["invocationId"] == str(orphan.pk)
