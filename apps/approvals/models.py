@@ -175,6 +175,9 @@ class ApprovalRequest(models.Model):
     claimed_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker took the approved call to run it."
     )
+    # How many times the approved call was put back in the worker queue because its
+    # worker died before its tool ran (tasks.reoffer). Null: never.
+    reoffered = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ApprovalQuerySet.as_manager()

@@ -277,6 +277,51 @@ def sweep() -> dict[str, int]:
     return {"expired": expired, "requeued": len(orphaned), "settled": settled}
 
 
+# How many times an approved call whose worker died before its tool ran is put back in
+# the queue (reoffer); after that it is settled `unavailable` like any other.
+REOFFERS = 2
+
+
+def reoffer(record: InvocationRecord) -> bool:
+    """An approved call a worker started but never handed to its tool (it waited for a
+    concurrency slot, `tool_pending`) whose worker died: back in the queue, the approval
+    `approved` again and the record `queued`, so that the next worker runs it, once (its
+    claim, approved -> executing, still lets only one). At most REOFFERS times, counted on
+    the approval. Called by runner.settle_lapsed with the record locked; False (nothing
+    changed) for any other call: it is settled."""
+    from apps.approvals.models import ApprovalRequest, ApprovalStatus
+    from apps.invocations.models import InvocationRecord, Status
+
+    approval = (
+        ApprovalRequest.objects.filter(invocation_id=record.pk, status=ApprovalStatus.EXECUTING)
+        .only("pk", "reoffered")
+        .first()
+    )
+    if not record.tool_pending or approval is None or (approval.reoffered or 0) >= REOFFERS:
+        return False
+    times = (approval.reoffered or 0) + 1
+    ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalStatus.EXECUTING).update(
+        status=ApprovalStatus.APPROVED, claimed_at=None, reoffered=times
+    )
+    InvocationRecord.objects.filter(pk=record.pk).update(
+        status=Status.QUEUED,
+        started_at=None,
+        lease_expires_at=None,
+        lease_owner=None,
+        tool_pending=None,
+    )
+    run_approved_call.enqueue(str(approval.pk))  # in the caller's transaction, as a decision's
+    logger.warning(
+        "re-offered approved call %s (%s) to the worker queue (%d of %d): its worker stopped "
+        "before the tool ran",
+        record.pk,
+        record.tool_ref,
+        times,
+        REOFFERS,
+    )
+    return True
+
+
 def repair_missing_results() -> int:
     """Count the calls that ended since the last pass and emit tool_call_result for those
     that have none (apps.invocations.rollups.fold): every final record is checked once,

@@ -13,7 +13,9 @@ lease pass of a worker's sweeper (every TOOLHUB_LEASE_SWEEP_MS), or at once by a
 with its idempotency key:
 
 - it never reached its tool (`tool_pending`: it was waiting for a concurrency slot):
-  failed `unavailable`, "never ran", retryAfterMs 0; a same-key retry runs it;
+  failed `unavailable`, "never ran", retryAfterMs 0; a same-key retry runs it. A
+  worker's approved call is put back in the queue instead, a bounded number of times
+  (apps.approvals.tasks.reoffer): the next worker runs it, once;
 - else it may have had its effect: failed `execution`, and it is never run again by
   anyone but its caller (a same-key retry runs it, as after any failure: the ledger
   remembers successes only).

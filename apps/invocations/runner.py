@@ -2101,6 +2101,7 @@ def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> Invo
     never reached its tool, else `execution`. Locked and read again first: a call that
     ended, or whose lease was renewed (or taken by another owner), meanwhile is left alone
     (None)."""
+    from apps.approvals import tasks
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
     with transaction.atomic():
@@ -2116,6 +2117,9 @@ def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> Invo
         )
         if current is None:
             return None
+        if tasks.reoffer(current):  # a worker's call that never reached its tool: queued again
+            current.refresh_from_db()
+            return current
         settled = settle_orphan(current, never_ran=bool(current.tool_pending))
         ApprovalRequest.objects.filter(
             invocation_id=current.pk, status=ApprovalStatus.EXECUTING

@@ -10,7 +10,9 @@ processes and task workers on one PostgreSQL (and Redis), with a short lease.
   ran out, with the call settled failed (`execution`: it may have run); its result
   event reaches a stream on the other process, and the next retry runs the call again;
 - a worker killed (-9) mid-call: another worker's sweeper settles the call and its
-  approval, with its result event.
+  approval, with its result event;
+- a worker killed (-9) while its approved call waited for a concurrency slot (its tool
+  never ran): the call goes back to the queue, and the next worker runs it, once.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from apps.approvals import decisions
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations.models import InvocationRecord, RunEvent, Status
 from apps.policies.models import Policy
+from apps.tools.models import Tool
 from tests.conftest import allow, make_agent
 from tests.faults.test_outages import worker as killable_worker
+from tests.faults.test_worker import listening_backend
 from tests.streams.conftest import events, open_ws, operator
 from tests.streams.test_scale_out import shared_env, worker
 from tests.support.redis import redis_server
@@ -191,6 +195,34 @@ def test_calls_whose_process_died_are_settled_and_renewed_ones_are_not(test_tool
                 with worker(env):
                     settled = wait_for(lambda: ended(record.pk), 30, "the sweeper to settle it")
                 approval = ApprovalRequest.objects.get(pk=held["approvalId"])
-        assert (settled.status, settled.error_code) == (Status.FAILED, "execution")
-        assert approval.status == ApprovalStatus.FAILED
-        assert lines(trace) == 1  # never run again
+            assert (settled.status, settled.error_code) == (Status.FAILED, "execution")
+            assert approval.status == ApprovalStatus.FAILED
+            assert lines(trace) == 1  # never run again
+
+            # ---- a worker killed before its approved call's tool ran: offered again.
+            Tool.objects.filter(pk=WAIT).update(max_concurrency=1)
+            trace = tmp_path / "reoffered.log"
+            args = {"path": str(trace), "token": "q", "ms": 0}
+            status, held, _ = invoke(web, agent.key, {"toolId": WAIT, "args": args})
+            assert status == 202, held
+            Policy.objects.filter(tenant=agent.tenant, name="allow").update(approval_effects=[])
+            with killable_worker(env, tmp_path / "doomed-waiting.log") as doomed:
+                wait_for(listening_backend, 30, "the worker to listen for work")
+                busy = tmp_path / "busy.log"  # holds the tool's one slot for 4 s
+                occupant = {"toolId": WAIT, "args": {"path": str(busy), "token": "b", "ms": 4000}}
+                start_thread(lambda: invoke(web, agent.key, occupant))
+                wait_for(lambda: lines(busy) == 1, 20, "the occupant to hold the slot")
+                decisions.decide(held["approvalId"], olga, "approve", "ok")
+                waiting = lambda: running(pk=held["invocationId"], tool_pending=True)  # noqa: E731
+                wait_for(waiting, 30, "the worker to wait for the slot")
+                doomed.send_signal(signal.SIGKILL)
+                doomed.wait(timeout=10)
+            assert lines(trace) == 0  # its tool never ran
+            with worker(env):
+                done = wait_for(lambda: ended(held["invocationId"]), 30, "the call to run")
+            approval = ApprovalRequest.objects.get(pk=held["approvalId"])
+        assert (done.status, done.ok) == (Status.SUCCEEDED, True), done.safe_message
+        assert (approval.status, approval.reoffered) == (ApprovalStatus.SUCCEEDED, 1)
+        assert lines(trace) == 1  # run once, by the next worker
+        results = RunEvent.objects.filter(run_id=held["runId"], type="tool_call_result")
+        assert results.count() == 1
