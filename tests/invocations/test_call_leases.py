@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import queue
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -303,3 +304,108 @@ def test_a_call_waiting_for_a_slot_is_marked_as_not_handed_to_its_tool_until_it_
     assert [answers.get(timeout=30).status_code for _ in range(2)] == [200, 200]
     waiting.refresh_from_db()
     assert waiting.tool_pending is None
+
+
+def gone_owner() -> str:
+    """The `lease_owner` of a process of this host that has since exited."""
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        started = leases._started(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert started
+    return f"0/{process.pid}/{started}@{leases.HOST}"
+
+
+def test_a_same_key_retry_of_a_call_whose_owner_is_gone_settles_it_at_once(tester):
+    """Its process exited (on this host: its pid no longer runs it): the retry does not
+    wait for the lease (a minute left) but settles the call and answers with it."""
+    stuck = stuck_call(
+        tester.tenant, tester.principal, SLEEP, ARGS, "gone-1", lease_expires_at=ago(-60)
+    )
+    InvocationRecord.objects.filter(pk=stuck.pk).update(lease_owner=gone_owner())
+    stuck.refresh_from_db()
+    assert leases.fresh(stuck) and leases.owner_dead(stuck)
+
+    retry = tester.invoke(SLEEP, args=ARGS, idempotencyKey="gone-1")
+
+    assert retry.status_code == 200, retry.content
+    body = retry.json()
+    assert (body["invocationId"], body["ok"], body["errorCode"]) == (
+        str(stuck.pk),
+        False,
+        "execution",
+    )
+    stuck.refresh_from_db()
+    assert (stuck.status, stuck.safe_message) == (Status.FAILED, leases.MAY_HAVE_RUN)
+    assert stuck.ended_at < stuck.lease_expires_at  # before its lease ran out
+    assert [event["errorCode"] for event in result_events(stuck)] == ["execution"]
+
+    again = tester.invoke(SLEEP, args=ARGS, idempotencyKey="gone-1")  # runs it now
+    assert (again.json()["ok"], again.json()["retryOf"]) == (True, str(stuck.pk))
+
+
+def test_an_owner_alive_or_unknown_is_not_taken_for_dead(tester):
+    stuck = stuck_call(
+        tester.tenant, tester.principal, SLEEP, ARGS, "alive-1", lease_expires_at=ago(-60)
+    )
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        alive = f"0/{process.pid}/{leases._started(process.pid)}@{leases.HOST}"
+        for owner in (alive, leases.owner(), "0/1/1@another-host", "nonsense", None):
+            stuck.lease_owner = owner
+            assert not leases.owner_dead(stuck), owner
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_workers_approved_call_that_never_reached_its_tool_is_queued_again(tester):
+    """Its worker died while the call waited for a slot: the approval is `approved` again,
+    the record `queued`, with a queue entry, at most REOFFERS times; then it fails as any
+    call that never ran."""
+    from django_tasks_db.models import DBTaskResult
+
+    from apps.approvals import tasks
+
+    tool = Tool.objects.get(pk=SLEEP)
+    tool.requires_confirmation = True
+    tool.save()
+    held = tester.invoke(SLEEP, args=ARGS)
+    assert held.status_code == 202, held.content
+    approval = ApprovalRequest.objects.get(pk=held.json()["approvalId"])
+    entries = DBTaskResult.objects.filter(task_path=tasks.run_approved_call.module_path)
+
+    def started_then_died() -> None:  # a worker's claim and start, then nothing
+        ApprovalRequest.objects.filter(pk=approval.pk).update(
+            status=ApprovalStatus.EXECUTING, claimed_at=timezone.now()
+        )
+        InvocationRecord.objects.filter(pk=approval.invocation_id).update(
+            status=Status.RUNNING,
+            started_at=timezone.now(),
+            lease_expires_at=ago(1),
+            tool_pending=True,
+        )
+
+    for times in range(1, tasks.REOFFERS + 1):
+        entries.delete()
+        started_then_died()
+        assert runner.settle_lapsed_calls() == 1
+        approval.refresh_from_db()
+        record = InvocationRecord.objects.get(pk=approval.invocation_id)
+        assert (approval.status, approval.reoffered) == (ApprovalStatus.APPROVED, times)
+        assert (record.status, record.started_at, record.lease_expires_at) == (
+            Status.QUEUED,
+            None,
+            None,
+        )
+        assert [entry.args_kwargs["args"] for entry in entries] == [[str(approval.pk)]]
+        assert result_events(record) == []
+
+    started_then_died()
+    assert runner.settle_lapsed_calls() == 1
+    approval.refresh_from_db()
+    record = InvocationRecord.objects.get(pk=approval.invocation_id)
+    assert approval.status == ApprovalStatus.FAILED
+    assert (record.status, record.error_code) == (Status.FAILED, "unavailable")
