@@ -2135,29 +2135,22 @@ def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> Invo
 
 
 def settle_lapsed_calls(limit: int = 500) -> int:
-    """The sweeper's lease pass: settle every running call whose lease ran out. Reads the
-    unfinished calls only (invocations_unfinished_idx), a handful whatever the history."""
+    """The sweeper's lease pass: settle every running call whose lease ran out, and every
+    one whose renewal is overdue and whose owner is known dead (leases.owner_dead, one
+    look per owner), before its lease runs out. Reads the unfinished calls only
+    (invocations_unfinished_idx), a handful whatever the history."""
+    now = timezone.now()
+    overdue = now + timedelta(seconds=leases.lease_s() - leases.overdue_s())
     candidates = InvocationRecord.objects.filter(
-        ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=timezone.now()
-    ).only("pk")[:limit]
-    settled = sum(settle_lapsed(record) is not None for record in candidates)
-    return settled + settle_dead_owners(limit)
-
-
-def settle_dead_owners(limit: int = 500) -> int:
-    """The calls whose renewal is overdue and whose owner is known dead (leases.owner_dead,
-    one look per owner), settled before their lease runs out."""
-    overdue = timezone.now() + timedelta(seconds=leases.lease_s() - leases.overdue_s())
-    candidates = InvocationRecord.objects.filter(
-        ended_at__isnull=True,
-        status=Status.RUNNING,
-        lease_owner__isnull=False,
-        lease_expires_at__lte=overdue,
+        ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=overdue
     ).only("pk", "lease_owner", "lease_expires_at", "status", "ended_at")[:limit]
     dead: dict[str, bool] = {}
     settled = 0
     for record in candidates:
-        owner = str(record.lease_owner)
+        if leases.expired(record, now):
+            settled += settle_lapsed(record) is not None
+            continue
+        owner = record.lease_owner or ""
         if owner not in dead:
             dead[owner] = leases.owner_dead(record)
         if dead[owner]:
