@@ -153,6 +153,7 @@ def test_calls_whose_process_died_are_settled_and_renewed_ones_are_not(test_tool
 
                 start_thread(first_attempt)
                 orphan = wait_for(lambda: running(idempotency_key="orphan-1"), 20, "the call")
+                assert not orphan.lease_owner.startswith("0/")  # its owner's lock's key
                 wait_for(lambda: lines(trace) == 1, 20, "the tool to run")
                 os.kill(a.pid, signal.SIGKILL)
                 assert isinstance(answers.get(timeout=30), OSError)

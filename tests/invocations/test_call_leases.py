@@ -409,3 +409,29 @@ def test_a_workers_approved_call_that_never_reached_its_tool_is_queued_again(tes
     record = InvocationRecord.objects.get(pk=approval.invocation_id)
     assert approval.status == ApprovalStatus.FAILED
     assert (record.status, record.error_code) == (Status.FAILED, "unavailable")
+
+
+def test_on_postgresql_an_owner_elsewhere_is_dead_once_its_liveness_lock_is_free(tester):
+    """Another host's process (its pid means nothing here): alive while a connection
+    holds its advisory lock, dead the moment that connection is gone."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the liveness lock is PostgreSQL's (SQLite: one host, its pids)")
+    import psycopg
+
+    stuck = stuck_call(
+        tester.tenant, tester.principal, SLEEP, ARGS, "elsewhere-1", lease_expires_at=ago(-60)
+    )
+    key = 4242424242
+    stuck.lease_owner = f"{key}/1/1@another-host"
+    holder = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        assert not leases.owner_dead(stuck)
+        assert not leases.owner_dead(stuck)  # the look takes nothing it keeps
+    finally:
+        holder.close()
+    deadline = time.monotonic() + 10  # its backend ends a moment after the socket closes
+    while not leases.owner_dead(stuck):
+        assert time.monotonic() < deadline, "the lock outlived its connection"
+        time.sleep(0.01)
+    assert not leases.owner().startswith("0/")  # this process holds a lock of its own
