@@ -4,7 +4,8 @@ never reached its tool, else `execution`; a same-key retry answers at once once 
 is overdue, or settles the call and runs it again once it ran out.
 
 The processes that die are in tests/faults/test_call_leases.py (PostgreSQL); here a dead
-process's call is a record left `running` with a lease nobody renews."""
+process's call is a record left `running` with a lease nobody renews, and a paused one's is
+a call settled while its tool runs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -435,3 +436,35 @@ def test_on_postgresql_an_owner_elsewhere_is_dead_once_its_liveness_lock_is_free
         assert time.monotonic() < deadline, "the lock outlived its connection"
         time.sleep(0.01)
     assert not leases.owner().startswith("0/")  # this process holds a lock of its own
+
+
+def test_a_call_settled_while_it_ran_does_not_write_its_late_end(limited, caplog):
+    """As a process paused past its lease finds it when it resumes: the call was settled
+    meanwhile. Its end writes neither over the settled record nor a second result event;
+    what it knew is logged, and its own answer is the settled record."""
+    answers: queue.Queue[Any] = queue.Queue()
+    start_thread(lambda: answers.put(limited.invoke(GATED, args={}, idempotencyKey="late-1")))
+    assert GATE.entered.acquire(timeout=20)  # its tool has it
+    record = InvocationRecord.objects.get(idempotency_key="late-1")
+    with transaction.atomic():  # its lease ran out (the renewal waits for this)
+        InvocationRecord.objects.filter(pk=record.pk).update(lease_expires_at=ago(1))
+        assert runner.settle_lapsed(record) is not None
+    GATE.opened.set()
+
+    answer = answers.get(timeout=30)
+    body = answer.json()
+    assert (body["invocationId"], body["ok"], body["errorCode"]) == (
+        str(record.pk),
+        False,
+        "execution",
+    )
+    settled = InvocationRecord.objects.get(pk=record.pk)
+    assert (settled.status, settled.error_code, settled.result) == (
+        Status.FAILED,
+        "execution",
+        None,
+    )
+    assert settled.safe_message == leases.MAY_HAVE_RUN
+    assert [event["errorCode"] for event in result_events(settled)] == ["execution"]
+    assert f"late end of call {record.pk}" in caplog.text
+    assert "ended status=succeeded" in caplog.text
