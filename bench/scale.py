@@ -511,9 +511,10 @@ def build_catalog(world: World, tools: int, rules: int) -> dict[str, Any]:
         ],
         batch_size=5_000,
     )
-    from apps.tenants.epoch import bump
+    from apps.tenants.epoch import POLICIES_ROW, bump, bump_row
 
     bump()
+    bump_row(POLICIES_ROW)  # listings written straight into the m2m table: no signal
     return {"tools": tools, "rules": rules, "seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -1,6 +1,32 @@
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import m2m_changed, post_delete, post_save
 
 
 class PoliciesConfig(AppConfig):
     name = "apps.policies"
     label = "policies"
+
+    def ready(self) -> None:
+        from apps.policies.models import Policy, PolicyRule
+
+        # Every write of a policy, a rule or a listing changes the policies epoch, which
+        # evaluators are kept under (apps/policies/policy.py). (Their bulk writes: their
+        # querysets. A tool deleted drops its listings: apps/tools/rows.py.)
+        for model in (Policy, PolicyRule):
+            label = model._meta.label
+            post_save.connect(policies_written, sender=model, dispatch_uid=f"pe-save-{label}")
+            post_delete.connect(policies_written, sender=model, dispatch_uid=f"pe-del-{label}")
+        m2m_changed.connect(listing_changed, sender=Policy.tools.through, dispatch_uid="pe-m2m")
+
+
+def policies_written(**_signal_kwargs: Any) -> None:
+    from apps.tenants import epoch
+
+    epoch.bump_row(epoch.POLICIES_ROW)
+
+
+def listing_changed(action: str, **_signal_kwargs: Any) -> None:
+    if action in ("post_add", "post_remove", "post_clear"):
+        policies_written()

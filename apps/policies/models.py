@@ -17,7 +17,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.policies import conditions
-from apps.tenants.epoch import EpochQuerySet
+from apps.tenants import epoch
+from apps.tenants.epoch import RowBumpingQuerySet
 from apps.tenants.models import Tenant, validate_principal
 from apps.tenants.scoping import belongs_to, tenant_group_name
 from apps.tools.models import Effect, Tool
@@ -45,8 +46,11 @@ class Outcome(models.TextChoices):
     DENY = "deny"
 
 
-class PolicyQuerySet(EpochQuerySet["Policy"]):
-    """Bulk updates (the admin's enable and disable actions) change the authorization epoch."""
+class PolicyQuerySet(RowBumpingQuerySet["Policy"]):
+    """Bulk updates (the admin's enable and disable actions) change the authorization epoch
+    and the policies epoch."""
+
+    bumps = epoch.POLICIES_ROW
 
     def in_force(self, tenant: Tenant) -> PolicyQuerySet:
         return self.filter(tenant=tenant, enabled=True)
@@ -159,6 +163,10 @@ class Policy(models.Model):
         return f"policy:{self.pk}:{self.name}"
 
 
+class RuleQuerySet(RowBumpingQuerySet["PolicyRule"]):
+    bumps = epoch.POLICIES_ROW
+
+
 class PolicyRule(models.Model):
     """A CEL condition over a call; when it holds for a matching tool, its outcome counts.
 
@@ -179,7 +187,7 @@ class PolicyRule(models.Model):
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     description = models.CharField(max_length=300, blank=True)
 
-    objects = EpochQuerySet["PolicyRule"].as_manager()
+    objects = RuleQuerySet.as_manager()
 
     class Meta:
         ordering = ["policy", "position", "pk"]

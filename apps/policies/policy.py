@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +22,7 @@ from django.db.models import Q
 
 from apps.policies import conditions
 from apps.policies.models import Outcome, Policy, PolicyRule
+from apps.tenants import epoch
 from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
 from apps.tools import rows
@@ -80,9 +82,19 @@ VERDICT_WORDS: dict[str, str] = {
 class Evaluator:
     """The policies in force for one caller, loaded once (three queries), decided per tool."""
 
-    def __init__(self, tenant: Tenant, principal: str, user: User | None) -> None:
-        # The user's groups as a subquery, not a query of their own (issue 13).
-        in_groups = Q(group__in=user.groups.all()) if user is not None else Q(pk__in=[])
+    def __init__(
+        self,
+        tenant: Tenant,
+        principal: str,
+        user: User | None,
+        group_ids: frozenset[int] | None = None,
+    ) -> None:
+        # The user's groups as a subquery, not a query of their own (issue 13), unless
+        # the caller read them (`group_ids`: evaluator_for keeps evaluators by them).
+        if group_ids is not None:
+            in_groups = Q(group__in=sorted(group_ids))
+        else:
+            in_groups = Q(group__in=user.groups.all()) if user is not None else Q(pk__in=[])
         self.principal = principal
         in_force = (
             Policy.objects.in_force(tenant)
@@ -274,7 +286,33 @@ _EVALUATORS = EpochCache("policy evaluators")
 def evaluator_for(tenant: Tenant, principal: str, user: User | None) -> Evaluator:
     """The caller's evaluator, built once per authorization epoch and process."""
     key = (tenant.pk, principal, user.pk if user is not None else None)
-    return _EVALUATORS.get(key, lambda: Evaluator(tenant, principal, user))
+    return _EVALUATORS.get(key, lambda: _kept_evaluator(tenant, principal, user))
+
+
+# Below the authorization epoch: evaluators by tenant, principal and the caller's groups
+# (all an evaluator reads of the caller) as of the policies epoch, which only a policy's,
+# rule's or listing's write changes (apps/policies/apps.py). So after an edit of anything
+# else (a grant, a key, a tool) an evaluator costs a read of the caller's groups, not
+# 1,000 policies and their 10,000 listings again (issue 45).
+_KEPT_LOCK = threading.Lock()
+_kept_at: int | None = None
+_kept: dict[tuple[Any, ...], Evaluator] = {}
+
+
+def _kept_evaluator(tenant: Tenant, principal: str, user: User | None) -> Evaluator:
+    global _kept_at, _kept
+    at = epoch.read(epoch.POLICIES_ROW)  # before the policies: see apps/tenants/epoch.py
+    groups = frozenset(user.groups.values_list("pk", flat=True)) if user is not None else None
+    key = (tenant.pk, principal, groups)
+    with _KEPT_LOCK:
+        if _kept_at == at and key in _kept:
+            return _kept[key]
+    built = Evaluator(tenant, principal, user, groups if groups is not None else frozenset())
+    with _KEPT_LOCK:
+        if _kept_at != at or len(_kept) >= epoch.MAX_ENTRIES:
+            _kept_at, _kept = at, {}
+        _kept[key] = built
+    return built
 
 
 # What a decision does not depend on: a policy's or rule's words and timestamps.

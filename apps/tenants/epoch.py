@@ -50,6 +50,9 @@ ROW = 1  # the one row of AuthzEpoch
 # A second row, the tools epoch: only edits of tool rows change it (apps/tools/rows.py
 # keeps the usable tools' rows under it, so a policy's or grant's edit reloads no tool).
 TOOLS_ROW = 2
+# A third, the policies epoch: only edits of policies, their rules and listings change it
+# (apps/policies/policy.py keeps evaluators under it, per tenant, principal and groups).
+POLICIES_ROW = 3
 
 _select: dict[tuple[str, int], str] = {}  # the read's SQL per database alias and row
 
@@ -127,9 +130,14 @@ def read(row: int = ROW) -> int:
 def bump_tools() -> None:
     """Give the tools epoch a new value, in the caller's transaction (a tool's row was
     written: apps/tools/rows.py). The authorization epoch is bumped by the same write."""
+    bump_row(TOOLS_ROW)
+
+
+def bump_row(row: int) -> None:
+    """Give the tools or policies epoch a new value, in the caller's transaction."""
     model = apps.get_model("tenants", "AuthzEpoch")
-    if not model.objects.filter(pk=TOOLS_ROW).update(value=_new_value()):
-        read(TOOLS_ROW)
+    if not model.objects.filter(pk=row).update(value=_new_value()):
+        read(row)
 
 
 def bump(**_signal_kwargs: Any) -> None:
@@ -236,6 +244,33 @@ class EpochQuerySet(models.QuerySet[_M]):
             changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
                 bump()
+        return changed
+
+
+class RowBumpingQuerySet(EpochQuerySet[_M]):
+    """An EpochQuerySet whose bulk writes also bump the epoch row `bumps` names."""
+
+    bumps: int
+
+    def update(self, **kwargs: Any) -> int:
+        with transaction.atomic(using=self.db):
+            changed = super().update(**kwargs)
+            if changed:
+                bump_row(self.bumps)
+        return changed
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[_M]:
+        with transaction.atomic(using=self.db):
+            made = super().bulk_create(objs, *args, **kwargs)
+            if made:
+                bump_row(self.bumps)
+        return made
+
+    def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
+        with transaction.atomic(using=self.db):
+            changed = super().bulk_update(objs, fields, *args, **kwargs)
+            if changed:
+                bump_row(self.bumps)
         return changed
 
 

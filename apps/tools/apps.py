@@ -26,7 +26,7 @@ class ToolsConfig(AppConfig):
 
         # Every write of a tool's row changes the tools epoch (apps/tools/rows.py).
         post_save.connect(rows.tool_written, sender=Tool, dispatch_uid="tools-epoch-save")
-        post_delete.connect(rows.tool_written, sender=Tool, dispatch_uid="tools-epoch-delete")
+        post_delete.connect(rows.tool_deleted, sender=Tool, dispatch_uid="tools-epoch-delete")
 
 
 def sync_tools_after_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:

@@ -64,5 +64,12 @@ def clear() -> None:
 
 
 def tool_written(**_signal_kwargs: object) -> None:
-    """post_save and post_delete of a Tool (connected in ToolsConfig.ready)."""
+    """post_save of a Tool (connected in ToolsConfig.ready)."""
     epoch.bump_tools()
+
+
+def tool_deleted(**_signal_kwargs: object) -> None:
+    """post_delete of a Tool: its listings in policies went with it (no m2m signal), so
+    the policies epoch changes too."""
+    epoch.bump_tools()
+    epoch.bump_row(epoch.POLICIES_ROW)

@@ -13,14 +13,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Group
 from django.db import connection
 from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.policies.models import Outcome, Policy, PolicyRule
-from apps.policies.policy import Evaluator
+from apps.policies.policy import Evaluator, evaluator_for
 from apps.tenants import epoch
 from apps.tenants.models import ApiKey
 from apps.tenants.principals import agents_group
+from apps.tenants.scoping import tenant_group_name
 from apps.tools import rows
 from apps.tools.models import Tool
 from tests.conftest import CORE_TOOLS, Agent, allow, make_agent
@@ -196,6 +198,47 @@ def test_listed_decides_as_decide_does(agent: Agent) -> None:
     }
 
 
+@pytest.mark.django_db
+def test_an_evaluator_is_kept_across_other_edits_and_rebuilt_after_a_policy_edit(
+    agent: Agent,
+) -> None:
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    policy = Policy.objects.get(tenant=agent.tenant)
+
+    def evaluator() -> Evaluator:
+        with epoch.pinned():
+            return evaluator_for(agent.tenant, agent.principal, user)
+
+    kept = evaluator()
+    epoch.bump()  # an edit of something else: a grant, a key, a tool
+    assert evaluator() is kept
+    for write in (
+        lambda: Policy.objects.get(pk=policy.pk).save(),
+        lambda: Policy.objects.filter(pk=policy.pk).update(four_eyes=True),
+        lambda: PolicyRule.objects.create(policy=policy, tool_pattern=TOOL, condition="true"),
+        lambda: PolicyRule.objects.filter(policy=policy).update(condition="false"),
+        lambda: PolicyRule.objects.filter(policy=policy).delete(),
+        lambda: policy.tools.remove(Tool.objects.get(pk=TOOL)),
+        lambda: Tool.objects.filter(pk__in=bulk_tools(1)).delete(),
+    ):
+        write()
+        assert evaluator() is not kept
+        kept = evaluator()
+    assert TOOL not in listed(agent)
+    # The caller's groups are part of the key: a group's policy holds for its members.
+    group = Group.objects.create(name=tenant_group_name(agent.tenant, "extra"))
+    Policy.objects.create(tenant=agent.tenant, name="extra", group=group).tools.add(
+        Tool.objects.get(pk=TOOL)
+    )
+    assert TOOL not in listed(agent)
+    kept = evaluator()
+    user.groups.add(group)
+    assert evaluator() is not kept
+    assert TOOL in listed(agent)
+    user.groups.remove(group)
+    assert TOOL not in listed(agent)
+
+
 @contextmanager
 def edit_mid_build(tool_id: str, **change: Any) -> Iterator[None]:
     """A connection wrapper: right after the catalog reads the tools' stamps, `change` is
@@ -235,10 +278,11 @@ _EDITOR = textwrap.dedent(
     import sys
     import django
     django.setup()
+    from apps.policies.models import Policy
     from apps.tools.models import Tool
     for line in sys.stdin:
-        tool, field, value = line.strip().split(" ", 2)
-        row = Tool.objects.get(pk=tool)
+        model, pk, field, value = line.strip().split(" ", 3)
+        row = (Tool if model == "tool" else Policy).objects.get(pk=pk)
         setattr(row, field, value == "True" if field == "enabled" else value)
         row.save()
         print("saved", flush=True)
@@ -285,10 +329,16 @@ def test_an_edit_in_another_process_shows_on_the_next_catalog_here(
     allow(agent.tenant, *CORE_TOOLS)
     assert listed(agent)[TOOL]["description"] != "Edited elsewhere"
     assert TOOL in listed(agent, format="openai")
-    edit(other_process, f"{TOOL} description Edited elsewhere")
+    edit(other_process, f"tool {TOOL} description Edited elsewhere")
     assert listed(agent)[TOOL]["description"] == "Edited elsewhere"
     assert listed(agent, format="openai")[TOOL]["function"]["description"] == "Edited elsewhere"
-    edit(other_process, f"{TOOL} enabled False")
+    edit(other_process, f"tool {TOOL} enabled False")
     assert TOOL not in listed(agent)
-    edit(other_process, f"{TOOL} enabled True")
+    edit(other_process, f"tool {TOOL} enabled True")
+    assert TOOL in listed(agent)
+    # The evaluator kept under the policies epoch: a policy disabled there holds here.
+    policy = Policy.objects.get(tenant=agent.tenant)
+    edit(other_process, f"policy {policy.pk} enabled False")
+    assert listed(agent) == {}
+    edit(other_process, f"policy {policy.pk} enabled True")
     assert TOOL in listed(agent)
