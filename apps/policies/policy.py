@@ -145,6 +145,7 @@ class Evaluator:
         self._admitting: dict[str, list[Policy]] = {}
         self._listing: dict[tuple[str, str], Decision] = {}
         self._by_signature: dict[tuple[Any, ...], Decision] = {}
+        self._allowed_of: tuple[dict[str, Tool], list[tuple[Tool, Decision]]] | None = None
 
     @cached_property
     def version(self) -> str:
@@ -206,6 +207,17 @@ class Evaluator:
         if found is None:
             found = self._by_signature[signature] = self._decide(tool, None, "")
         return found if found.allowed else None
+
+    def allowed_of(self, usable: dict[str, Tool]) -> list[tuple[Tool, Decision]]:
+        """The tools of `usable` (rows.usable()) this evaluator lists, each with its
+        decision, in their order: kept for the last rows seen (both are kept across
+        authorization epochs, so a cold catalog after a grant's edit reuses it)."""
+        kept = self._allowed_of
+        if kept is not None and kept[0] is usable:
+            return kept[1]
+        allowed = [(t, d) for t in usable.values() if (d := self.listed(t)) is not None]
+        self._allowed_of = (usable, allowed)
+        return allowed
 
     def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
         """Without `args` (the catalog, step 2 of a call) rules are not evaluated, and the
@@ -376,8 +388,4 @@ def _catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Dec
     evaluator = evaluator_for(tenant, principal, user)
     usable = rows.usable()
     executable = set(executable_tools(user).values_list("pk", flat=True))
-    listed = []
-    for pk, tool in usable.items():
-        if pk in executable and (decision := evaluator.listed(tool)) is not None:
-            listed.append((tool, decision))
-    return listed
+    return [(tool, d) for tool, d in evaluator.allowed_of(usable) if tool.id in executable]

@@ -86,8 +86,8 @@ def _encode(
 
 def _entry(tool: Tool, decision: Decision, wire_format: str) -> bytes:
     """One tool's entry, encoded as the body encodes it (UTF-8, compact)."""
-    approval = tool.requires_confirmation or decision.requires_approval
-    key = (tool.pk, tool.updated_at, wire_format, approval)
+    approval = tool.requires_confirmation or decision.outcome == "require_approval"
+    key = (tool.id, tool.updated_at, wire_format, approval)
     found = _ENTRIES.get(key)
     if found is None:
         encode = FORMATS[wire_format]
