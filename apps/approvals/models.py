@@ -188,6 +188,11 @@ class ApprovalRequest(models.Model):
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["status", "expires_at"]),
             models.Index(fields=["tool"], name="approvals_tool_idx"),
+            # Every tenant's requests, newest first: the superuser's admin list.
+            models.Index(fields=["-created_at", "-id"], name="approvals_newest_idx"),
+            # The admin's search by a run or tool call id, in every tenant.
+            models.Index(fields=["run_id"], name="approvals_run_idx"),
+            models.Index(fields=["tool_call_id"], name="approvals_tool_call_idx"),
         ]
 
     def __str__(self) -> str:

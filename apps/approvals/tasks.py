@@ -233,15 +233,16 @@ def sweep() -> dict[str, int]:
 
     expired = sum(
         decisions.expire_if_overdue(pk)
-        for pk in ApprovalRequest.objects.overdue().values_list("pk", flat=True)[:500]
+        # Unordered (as below): newest first, a planner may walk approvals_newest_idx.
+        for pk in ApprovalRequest.objects.overdue().order_by().values_list("pk", flat=True)[:500]
     )
 
     now = timezone.now()
     orphaned: list[Any] = []
     approved = list(
-        ApprovalRequest.objects.filter(
-            status=ApprovalStatus.APPROVED, decided_at__lte=now - LEASE
-        ).values_list("pk", "decided_at")[:500]
+        ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED, decided_at__lte=now - LEASE)
+        .order_by()
+        .values_list("pk", "decided_at")[:500]
     )
     if approved:  # the queue's entries are read only when some call may have lost its own
         entries = DBTaskResult.objects.filter(task_path=run_approved_call.module_path)
@@ -379,9 +380,11 @@ def settle_interrupted() -> int:
     from apps.invocations.models import ErrorCode, Status
 
     settled = 0
-    executing = ApprovalRequest.objects.filter(status=ApprovalStatus.EXECUTING).select_related(
-        "invocation", "tool", "tenant", "requested_by"
-    )[:500]
+    executing = (
+        ApprovalRequest.objects.filter(status=ApprovalStatus.EXECUTING)
+        .order_by()
+        .select_related("invocation", "tool", "tenant", "requested_by")[:500]
+    )
     for approval in executing:
         record = approval.invocation
         if record.status in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED):
@@ -409,12 +412,18 @@ def settle_abandoned_records() -> int:
 
     settled = 0
     # ended_at IS NULL: the partial index of unfinished calls (invocations_unfinished_idx).
-    candidates = InvocationRecord.objects.filter(
-        ended_at__isnull=True,
-        status=Status.RUNNING,
-        started_at__lte=timezone.now() - ORPHAN_AFTER,
-        approval__isnull=True,
-    ).select_related("tool", "tenant")[:500]
+    # Unordered: newest first (the model's ordering), SQLite would walk the whole history
+    # by invocations_newest_idx instead (tests/invocations/test_flat_cost.py).
+    candidates = (
+        InvocationRecord.objects.filter(
+            ended_at__isnull=True,
+            status=Status.RUNNING,
+            started_at__lte=timezone.now() - ORPHAN_AFTER,
+            approval__isnull=True,
+        )
+        .order_by()
+        .select_related("tool", "tenant")[:500]
+    )
     for record in candidates:
         timeout_ms = record.tool.timeout_ms if record.tool else 600_000
         if not _stale(record.started_at, timeout_ms):

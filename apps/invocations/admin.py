@@ -5,7 +5,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -15,6 +15,7 @@ from apps.audit import verify
 from apps.invocations import ledger, links
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.admin import TenantScopedAdmin
+from apps.tenants.models import Tenant
 from apps.tenants.roles import may
 
 
@@ -53,6 +54,7 @@ class InvocationRecordAdmin(TenantScopedAdmin):
     list_filter = ("tenant", "status", "error_code", "created_at")
     search_fields = ("=id", "=tool_call_id", "=run_id")
     exact_search_only = True
+    searched_per_tenant = ("tool_call_id", "run_id")  # (tenant, …) indexes
     search_help_text = "An invocation id, tool call id or run id (whole ids only)."
     fieldsets = (
         (None, {"fields": ("id", "tenant", "tool_ref", "principal", "status", "ok", "related")}),
@@ -185,6 +187,9 @@ class RunEventAdmin(TenantScopedAdmin):
     )
     # No "type" filter: it lists the column's values, reading every event to do so.
     list_filter = ("tenant",)
+    # By the (tenant, run_id, seq) index, without the join on the tenant (its slug) that
+    # the model's ordering by "tenant" makes, which sorts every event for each page.
+    ordering = ("tenant_id", "run_id", "seq")
     search_fields = ("=run_id", "=tool_call_id")
     exact_search_only = True
     search_help_text = "A run id or tool call id (whole ids only)."
@@ -203,6 +208,21 @@ class RunEventAdmin(TenantScopedAdmin):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).select_related("tenant")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[RunEvent], search_term: str
+    ) -> tuple[QuerySet[RunEvent], bool]:
+        """A run id, or a tool call id, by the (tenant, run_id, seq) index in every tenant:
+        the runs searched are the term and the runs of the records of a call by that id (a
+        call's events are in its record's run), read first by (tenant, tool_call_id)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        every = Tenant.objects.order_by().values("pk")
+        calls = InvocationRecord.objects.filter(tenant__in=every, tool_call_id=term).order_by()
+        runs = {term, *calls.values_list("run_id", flat=True)[:100]}
+        matches = Q(run_id=term) | Q(tool_call_id=term)
+        return queryset.filter(matches, tenant__in=every, run_id__in=runs), False
 
     @admin.display(description="Timeline")
     def timeline_link(self, event: RunEvent) -> str:

@@ -134,6 +134,10 @@ class InvocationRecord(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),
             models.Index(fields=["tool"], name="invocations_tool_idx"),
+            # Every tenant's records, newest first: the superuser's admin list (ordered by
+            # created_at, then id). Queries that must not walk it (the sweeper's reads of
+            # unfinished calls) say `.order_by()`: see docs/performance.md.
+            models.Index(fields=["-created_at", "-id"], name="invocations_newest_idx"),
             # The calls not ended yet, a handful whatever the history: what the sweeper's
             # settle_abandoned_records and the in-flight counts read. A condition without
             # parameters: SQLite matches `ended_at IS NULL`, not an IN list sent as `?`s.

@@ -2138,12 +2138,18 @@ def settle_lapsed_calls(limit: int = 500) -> int:
     """The sweeper's lease pass: settle every running call whose lease ran out, and every
     one whose renewal is overdue and whose owner is known dead (leases.owner_dead, one
     look per owner), before its lease runs out. Reads the unfinished calls only
-    (invocations_unfinished_idx), a handful whatever the history."""
+    (invocations_unfinished_idx), a handful whatever the history. Unordered: ordered
+    newest first (the model's ordering), SQLite would walk the whole history by
+    invocations_newest_idx instead."""
     now = timezone.now()
     overdue = now + timedelta(seconds=leases.lease_s() - leases.overdue_s())
-    candidates = InvocationRecord.objects.filter(
-        ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=overdue
-    ).only("pk", "lease_owner", "lease_expires_at", "status", "ended_at")[:limit]
+    candidates = (
+        InvocationRecord.objects.filter(
+            ended_at__isnull=True, status=Status.RUNNING, lease_expires_at__lte=overdue
+        )
+        .order_by()
+        .only("pk", "lease_owner", "lease_expires_at", "status", "ended_at")[:limit]
+    )
     dead: dict[str, bool] = {}
     settled = 0
     for record in candidates:
