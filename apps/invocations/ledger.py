@@ -205,7 +205,7 @@ def prune(limit: int = 1000) -> int:
     """Delete forgotten entries (expired or invalidated, their call ended), at most
     `limit` per pass: read through the expiry index, never the history. The records stay
     (retention's business); only the key's claim goes."""
-    pks = list(IdempotencyEntry.objects.forgettable().values_list("pk", flat=True)[:limit])
+    pks = IdempotencyEntry.objects.forgettable(limit)
     if not pks:
         return 0
     return IdempotencyEntry.objects.filter(pk__in=pks).delete()[0]
