@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -423,29 +423,24 @@ def audit_chain_off(postgresql: bool) -> Iterator[None]:
 
     from apps.audit import digests
 
-    with connection.cursor() as cursor:
-        if postgresql:
-            for table, trigger in (
-                (digests.RECORDS, "audit_record_written"),
-                (digests.EVENTS, "audit_event_written"),
-            ):
-                cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
-        else:
-            for statement in digests.SQLITE_DROP:
+    inserts = ((digests.RECORDS, "audit_record_written"), (digests.EVENTS, "audit_event_written"))
+
+    def run(statements: Iterable[str]) -> None:
+        with connection.cursor() as cursor:
+            for statement in statements:
                 cursor.execute(statement)
+
+    if postgresql:
+        run(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}" for table, trigger in inserts)
+    else:
+        run(digests.SQLITE_DROP)
     try:
         yield
     finally:
-        with connection.cursor() as cursor:
-            if postgresql:
-                for table, trigger in (
-                    (digests.RECORDS, "audit_record_written"),
-                    (digests.EVENTS, "audit_event_written"),
-                ):
-                    cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
-            else:
-                for statement in digests.sqlite_triggers():
-                    cursor.execute(statement)
+        if postgresql:
+            run(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}" for table, trigger in inserts)
+        else:
+            run(digests.sqlite_triggers())
 
 
 def analyze() -> None:
