@@ -811,14 +811,17 @@ def goal_verdicts(results: list[Result]) -> dict[str, bool | None]:
     return verdicts
 
 
+def next_result(name: str) -> Path:
+    """bench/results/<name>.json, or <name>-2.json, -3... when that one exists."""
+    path, index = RESULTS_DIR / f"{name}.json", 2
+    while path.exists():
+        path, index = RESULTS_DIR / f"{name}-{index}.json", index + 1
+    return path
+
+
 def default_output(now: datetime) -> Path:
     """bench/results/fanout-<date>.json, or -2, -3... when that day already has one."""
-    path = RESULTS_DIR / f"fanout-{now.date().isoformat()}.json"
-    index = 2
-    while path.exists():
-        path = RESULTS_DIR / f"fanout-{now.date().isoformat()}-{index}.json"
-        index += 1
-    return path
+    return next_result(f"fanout-{now.date().isoformat()}")
 
 
 def summarise_profile(profile: Path) -> Path:

@@ -35,7 +35,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.fanout import (
-    RESULTS_DIR,
     ROOT,
     BenchError,
     base_env,
@@ -44,6 +43,7 @@ from bench.fanout import (
     invoke,
     load_average,
     machine,
+    next_result,
     percentile,
     prepare_state,
     redis_server,
@@ -153,11 +153,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_output(now: datetime) -> Path:
-    stem = f"readyz-{now.date().isoformat()}-redis"
-    path, index = RESULTS_DIR / f"{stem}.json", 2
-    while path.exists():
-        path, index = RESULTS_DIR / f"{stem}-{index}.json", index + 1
-    return path
+    """bench/results/readyz-<date>-redis.json, -2, -3... when that day already has one."""
+    return next_result(f"readyz-{now.date().isoformat()}-redis")
 
 
 def main(argv: list[str] | None = None) -> int:

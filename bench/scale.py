@@ -131,19 +131,6 @@ class World:
         self.long_run_calls = 0
 
 
-@contextmanager
-def auto_now_off(*models: Any) -> Iterator[None]:
-    """bulk_create stamps auto_now_add fields with now; history needs its own times."""
-    fields = [m._meta.get_field("created_at") for m in models]
-    for field in fields:
-        field.auto_now_add = False
-    try:
-        yield
-    finally:
-        for field in fields:
-            field.auto_now_add = True
-
-
 def grow(world: World, target: int, run_calls: int, builder: str = "sql") -> dict[str, Any]:
     """Insert records (EVENTS_PER_RECORD events each, one approval per APPROVAL_EVERY)
     until `target`, oldest first over the past year; the bench tenant's first
@@ -152,6 +139,7 @@ def grow(world: World, target: int, run_calls: int, builder: str = "sql") -> dic
 
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
     from apps.invocations.models import InvocationRecord, RunEvent
+    from tests.support.times import own_times
 
     if builder == "sql":
         return grow_in_sql(world, target, run_calls)
@@ -160,7 +148,7 @@ def grow(world: World, target: int, run_calls: int, builder: str = "sql") -> dic
     first = world.records
     bench_tenant = world.agent.tenant.pk
     counts = {"records": 0, "events": 0, "approvals": 0}
-    with auto_now_off(InvocationRecord, ApprovalRequest):
+    with own_times(InvocationRecord, ApprovalRequest):
         for lo in range(first, target, BATCH):
             hi = min(target, lo + BATCH)
             records, events, approvals = [], [], []

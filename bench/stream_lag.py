@@ -48,7 +48,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.fanout import (
-    RESULTS_DIR,
     ROOT,
     BenchError,
     base_env,
@@ -59,6 +58,7 @@ from bench.fanout import (
     layer_config,
     load_average,
     machine,
+    next_result,
     percentile,
     prepare_state,
     raise_nofile,
@@ -458,12 +458,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def default_output(now: datetime) -> Path:
-    """stream-lag-<date>-redis.json, -2, -3... when that day already has one."""
-    stem = f"stream-lag-{now.date().isoformat()}-redis"
-    path, index = RESULTS_DIR / f"{stem}.json", 2
-    while path.exists():
-        path, index = RESULTS_DIR / f"{stem}-{index}.json", index + 1
-    return path
+    """bench/results/stream-lag-<date>-redis.json, -2, -3... when that day already has one."""
+    return next_result(f"stream-lag-{now.date().isoformat()}-redis")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,6 @@ Plans are read with EXPLAIN on both databases, after ANALYZE, as a live server h
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,6 +27,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
+from tests.support.times import own_times
 
 pytestmark = pytest.mark.django_db
 
@@ -38,19 +37,6 @@ APPROVALS = "/admin/approvals/approvalrequest/"
 TENANTS = 4
 CALLS = 2000  # 20 pages of 100
 HELD_EVERY = 10  # 200 approvals: 2 pages
-
-
-@contextmanager
-def own_times(*models: Any) -> Iterator[None]:
-    """bulk_create stamps auto_now_add with now; history needs times of its own."""
-    fields = [model._meta.get_field("created_at") for model in models]
-    for field in fields:
-        field.auto_now_add = False
-    try:
-        yield
-    finally:
-        for field in fields:
-            field.auto_now_add = True
 
 
 @pytest.fixture
