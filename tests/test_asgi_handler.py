@@ -339,21 +339,23 @@ async def test_refusals_and_errors_answer_as_before():
 
 
 async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatch):
-    """EpochMiddleware pins the epoch for the request, on the request's thread."""
+    """EpochMiddleware pins the authorization epoch for the request, on the request's
+    thread. The catalog also reads the tools and the policies epochs (apps/tools/rows.py,
+    apps/policies/policy.py), each once."""
     from apps.tenants import epoch
 
     headers, _ = await sync_to_async(caller)()
     reads: list[int] = []
     original = epoch.read
 
-    def counting_read(*args: Any, **kwargs: Any) -> int:
-        reads.append(1)
-        return original(*args, **kwargs)
+    def counting_read(row: int = epoch.ROW) -> int:
+        reads.append(row)
+        return original(row)
 
     monkeypatch.setattr(epoch, "read", counting_read)
     status, _, content = await request(OneThreadASGIHandler(), "GET", "/api/v1/tools/", headers)
     assert status == 200, content[:300]
-    assert len(reads) == 1
+    assert sorted(reads) == [epoch.ROW, epoch.TOOLS_ROW, epoch.POLICIES_ROW]
 
 
 class _Gather:

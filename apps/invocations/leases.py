@@ -205,7 +205,8 @@ class Life:
             if self._held is None:
                 return
             try:
-                self._held.execute("SELECT 1")
+                with self._held.cursor() as cursor:
+                    cursor.execute("SELECT 1")
             except Exception as error:
                 logger.warning("call leases: the liveness lock's connection broke (%s)", error)
                 self._close()
@@ -218,7 +219,8 @@ class Life:
         key = self._key or secrets.randbits(62) + 1
         try:
             held = psycopg.connect(**params, autocommit=True)
-            held.execute("SELECT pg_advisory_lock(%s)", (key,))
+            with held.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(%s)", (key,))
         except psycopg.Error as error:  # the call runs without: its lease alone decides
             logger.warning("call leases: no liveness lock (%s)", error)
             return

@@ -2101,7 +2101,6 @@ def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> Invo
     never reached its tool, else `execution`. Locked and read again first: a call that
     ended, or whose lease was renewed (or taken by another owner), meanwhile is left alone
     (None)."""
-    from apps.approvals import tasks
     from apps.approvals.models import ApprovalRequest, ApprovalStatus
 
     with transaction.atomic():
@@ -2117,7 +2116,9 @@ def settle_lapsed(record: InvocationRecord, *, owner_dead: bool = False) -> Invo
         )
         if current is None:
             return None
-        if tasks.reoffer(current):  # a worker's call that never reached its tool: queued again
+        # A worker's approved call that never reached its tool: queued again by the
+        # approvals app (signals.call_lapsed; the runner does not import its tasks).
+        if any(taken for _, taken in signals.call_lapsed.send(sender=None, record=current)):
             current.refresh_from_db()
             return current
         settled = settle_orphan(current, never_ran=bool(current.tool_pending))

@@ -426,7 +426,8 @@ def test_on_postgresql_an_owner_elsewhere_is_dead_once_its_liveness_lock_is_free
     stuck.lease_owner = f"{key}/1/1@another-host"
     holder = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     try:
-        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", (key,))
         assert not leases.owner_dead(stuck)
         assert not leases.owner_dead(stuck)  # the look takes nothing it keeps
     finally:

@@ -41,7 +41,21 @@ class Postgres:
         subprocess.run(command, cwd=self.dir, check=True, capture_output=True, timeout=60)
 
     def init(self) -> None:
-        self._run("initdb", "-D", f"{self.dir}/data", "-A", "trust", "-U", "postgres", "--no-sync")
+        # UTF8 whatever the environment's locale (none: initdb would pick SQL_ASCII, which
+        # refuses non-ASCII text from a UTF8 client)
+        self._run(
+            "initdb",
+            "-D",
+            f"{self.dir}/data",
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
         self.start()
         self._run("createdb", "-h", str(self.dir), "-U", "postgres", "toolhub")
 

@@ -6,8 +6,6 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("invocations", "0015_call_lease_owner"),
-        ("tenants", "0008_tenant_max_concurrent_calls"),
-        ("tools", "0006_call_settings"),
     ]
 
     operations = [
