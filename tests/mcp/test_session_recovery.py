@@ -261,9 +261,12 @@ def children(named: str) -> list[int]:
 
 def wait_gone(pid: int) -> None:
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        if " Z " in Path(f"/proc/{pid}/stat").read_text(errors="replace"):
-            break  # exited; its parent has not reaped it yet
+    while time.monotonic() < deadline:
+        try:
+            if " Z " in Path(f"/proc/{pid}/stat").read_text(errors="replace"):
+                break  # exited; its parent has not reaped it yet
+        except (FileNotFoundError, ProcessLookupError):
+            break  # reaped (between a check and the read, too)
         time.sleep(0.02)
     time.sleep(0.2)  # "between calls": not in the same instant as the next one
 

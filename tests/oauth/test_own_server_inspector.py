@@ -11,6 +11,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx2
@@ -84,14 +85,20 @@ def test_the_inspector_reads_the_metadata_signs_in_and_lists_tools(
             url = line[len(PROMPT) :].strip()
     assert url.startswith(f"{server}/oauth/authorize/")
     assert "code_challenge_method=S256" in url
-    log = server.output()
-    for seen in (
+    expected = (
         '"POST /mcp/" 401',
         '"GET /.well-known/oauth-protected-resource/mcp" 200',
         '"GET /.well-known/oauth-authorization-server" 200',
         '"POST /oauth/register/" 201',
-    ):
-        assert seen in log
+    )
+    deadline = time.monotonic() + 30  # the server's access log may reach its file later
+    while True:
+        log = server.output()
+        missing = [seen for seen in expected if seen not in log]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert missing == [], log[-3000:]
 
     location = asyncio.run(Browser(server, session_cookie).consent(url, redirect=CALLBACK))
     delivered = httpx2.get(location, timeout=30)
