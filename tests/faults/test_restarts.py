@@ -28,7 +28,7 @@ from toolhub.server.draining import CLOSE_RESTARTING, RESTART_REASON
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
-STREAMS = 150
+STREAMS = 500  # the fault: SIGTERM with 500 open streams
 
 
 def probe(base: str, path: str) -> tuple[int, Any]:
