@@ -130,7 +130,11 @@ class InvocationRecord(models.Model):
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["tenant", "principal", "created_at"]),
-            models.Index(fields=["tenant", "run_id"]),
+            # A run's records newest first: the admin's search by run id (one run may hold
+            # 100,000 calls; a page reads its newest 100 entries, no sort).
+            models.Index(
+                fields=["tenant", "run_id", "-created_at", "-id"], name="invocations_run_newest_idx"
+            ),
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["tenant", "tool_call_id"]),
             models.Index(fields=["tool"], name="invocations_tool_idx"),

@@ -212,6 +212,40 @@ def test_an_id_search_is_an_index_lookup_in_every_tenant(root, path, table, term
     assert no_full_scan(found, table), (sql, found)
 
 
+def test_a_long_runs_search_reads_its_newest_rows_without_sorting_the_run(root) -> None:
+    """One tenant's run of many calls: the tenants holding the run are found first (one
+    probe each), so the page reads the run's newest entries of invocations_run_newest_idx
+    in order. The same run id in a second tenant is found there too."""
+    first, second = Tenant.objects.order_by("pk")[:2]
+    at = datetime(2026, 2, 1, tzinfo=UTC)  # after the fixture's history, before now
+    long_run = [
+        InvocationRecord(
+            id=uuid.uuid4(), tenant=first, tool_ref="core__get_current_time",
+            tool_call_id=f"long-{i}", run_id="run-long", principal="agent:h",
+            status="succeeded", ok=True, created_at=at + timedelta(seconds=i),
+        )
+        for i in range(300)
+    ]  # fmt: skip
+    with own_times(InvocationRecord):
+        InvocationRecord.objects.bulk_create(long_run)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    response, sql = page_query(root, RECORDS, "invocations_invocationrecord", q="run-long")
+    assert response.context["cl"].result_count == 300
+    shown = [row.tool_call_id for row in response.context["cl"].result_list]
+    assert shown[:2] == ["long-299", "long-298"] and len(shown) == 100
+    found = plan(sql)
+    assert reads_by(found, "invocations_run_newest_idx"), (sql, found)
+    elsewhere = InvocationRecord.objects.create(
+        tenant=second, tool_ref="core__get_current_time", tool_call_id="long-x",
+        run_id="run-long", principal="agent:h", status="succeeded", ok=True,
+    )  # fmt: skip
+    response = root.get(RECORDS, {"q": "run-long"})
+    assert response.context["cl"].result_count == 301
+    assert response.context["cl"].result_list[0].pk == elsewhere.pk  # the newest
+    assert root.get(RECORDS, {"q": "run-nowhere"}).context["cl"].result_count == 0
+
+
 def test_an_id_search_by_invocation_id_finds_its_record_and_approval(root) -> None:
     held = ApprovalRequest.objects.order_by("created_at").first()
     assert held is not None
