@@ -473,20 +473,23 @@ def test_replaying_a_long_run_to_clients_that_never_read_does_not_pin_its_histor
     from apps.invocations import events as run_events
 
     agent = make_agent("acme")
-    for seq in range(1, CALLS + 1):
-        run_events.emit(
-            agent.tenant,
-            "run-history",
-            "tool_call_result",
-            tool_call_id=f"call-{seq}",
-            tool_id="test__big_output",
-            ok=True,
-            result={"blob": "x" * RESULT_BYTES},
-            durationMs=1,
-        )
+    for run, calls in (("run-warm-up", WARM_UP_CALLS), ("run-history", CALLS)):
+        for seq in range(1, calls + 1):
+            run_events.emit(
+                agent.tenant,
+                run,
+                "tool_call_result",
+                tool_call_id=f"call-{seq}",
+                tool_id="test__big_output",
+                ok=True,
+                result={"blob": "x" * RESULT_BYTES},
+                durationMs=1,
+            )
     with daphne() as server:
-        for _ in range(1):  # a reading client first: caches and the allocator settle
-            assert read_whole_run(server, "/ws/v1/runs/run-history/", agent, CALLS) == CALLS
+        # A reading client first, over a shorter run of the same events (at the stream's
+        # byte budget the long one takes two minutes): caches and the allocator settle.
+        path = "/ws/v1/runs/run-warm-up/"
+        assert read_whole_run(server, path, agent, WARM_UP_CALLS) == WARM_UP_CALLS
         time.sleep(1)
         base = rss_mb(server.pid)
         connected_at = time.monotonic()

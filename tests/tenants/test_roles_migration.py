@@ -23,7 +23,9 @@ from apps.tenants.roles import ROLE_GOVERNED, may
 _THEN = importlib.import_module("apps.tenants.migrations.0004_membership_roles")
 OPERATOR_PERMISSIONS, ADMIN_PERMISSIONS = sorted(_THEN.OPERATOR), sorted(_THEN.ADMIN)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# One leg: the subject is the migrations' Python over rows (the same ORM statements on
+# both databases); each test migrates most apps back and forward (about 20 s).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 
 @pytest.fixture
