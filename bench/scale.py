@@ -12,7 +12,8 @@ measures, in this process through Django's own handlers:
 - the console's history (first page and after `--deep` rows by its keyset);
 - a run replay from `after=0` over the run of `--run-calls` calls (WebSocket, in process);
 - the tool catalog and MCP `tools/list` with `--tools` tools and `--rules` policies;
-- the sweeper's pass, a `/metrics` scrape and the overview's data.
+- the sweeper's pass, a `/metrics` scrape and the overview's data;
+- an idle embedded Daphne's CPU on that database (`--idle` seconds, bench/history.py's).
 
 It prints one table per level with each figure beside its goal (MET / NOT MET) and writes
 `bench/results/scale-<date>-<database>.json`. PostgreSQL is a throwaway server of its own
@@ -545,7 +546,9 @@ def build_catalog(world: World, tools: int, rules: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ measuring
 
 
-def measure(world: World, samples: int, deep: int, explain: bool) -> dict[str, Any]:
+def measure(
+    world: World, samples: int, deep: int, explain: bool, idle: float = 0.0
+) -> dict[str, Any]:
     from django.test import Client
 
     from apps.invocations.models import InvocationRecord
@@ -655,6 +658,10 @@ def measure(world: World, samples: int, deep: int, explain: bool) -> dict[str, A
             out[key] = timed(fn, max(3, samples // 3))
         except Exception as exc:
             out[key] = {"error": repr(exc)[:300]}
+    if idle:  # an embedded Daphne on this database, its worker and sweeper threads idle
+        from bench.history import idle_cpu
+
+        out["idle_cpu_pct"] = idle_cpu(dict(os.environ), idle, say)
     if explain:
         out["explain"] = explains(world)
     return out
@@ -878,9 +885,19 @@ def verdicts(level: dict[str, Any], empty: dict[str, Any]) -> list[tuple[str, st
     if level.get("replay"):
         r = level["replay"]
         row(f"replay from 0: {r['events']} events, s", r["seconds"], "batched (100 a query)", None)
-    for key in ("sweep", "metrics", "overview"):
+    for key, goal in (("sweep", None), ("metrics", 50.0), ("overview", 50.0)):
         if level.get(key):
-            row(f"{key} p50 ms", p(key, "p50") or level[key].get("error"), "flat", None)
+            value = p(key, "p50")
+            met = None if goal is None or value is None else value <= goal
+            row(
+                f"{key} p50 ms",
+                value or level[key].get("error"),
+                f"≤ {goal:g}" if goal else "flat",
+                met,
+            )
+    if level.get("idle_cpu_pct") is not None:
+        share = level["idle_cpu_pct"]
+        row("idle process CPU, % of a core", share, "≤ 1", share <= 1.0)
     return rows
 
 
@@ -895,6 +912,9 @@ def main() -> None:
     parser.add_argument("--run-calls", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--deep", type=int, default=5_000, help="rows before the deep page")
+    parser.add_argument(
+        "--idle", type=float, default=30.0, help="seconds an idle Daphne is watched (0: none)"
+    )
     parser.add_argument(
         "--builder",
         choices=["sql", "orm"],
@@ -929,7 +949,9 @@ def main() -> None:
         for level in levels:
             built = grow(world, level, args.run_calls, args.builder)
             say(f"\n== {level:,} records ({args.database}); build {built}")
-            figures = measure(world, args.samples, args.deep, explain=level == levels[-1])
+            figures = measure(
+                world, args.samples, args.deep, explain=level == levels[-1], idle=args.idle
+            )
             figures["build"] = built
             empty = empty or figures
             report["levels"][str(level)] = figures
