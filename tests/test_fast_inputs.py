@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from django import forms
+from django.utils.html import format_html
 
 from toolhub.web.fast_inputs import FAST, speed_up
 
@@ -14,9 +15,11 @@ pytestmark = [pytest.mark.one_leg]
 ATTRS: list[dict[str, Any]] = [
     {},
     {"class": "action-select", "aria-label": 'Select "<b>" & more'},
+    # Safe text (the admin's row label, made by format_html) is not escaped twice.
+    {"class": "action-select", "aria-label": format_html("Select {}", '"<b>" & more')},
     {"required": True, "disabled": False, "maxlength": 20, "data-x": None},
 ]
-VALUES: list[Any] = [None, "", True, False, 0, 7, "a\"<b>'&", "run-1"]
+VALUES: list[Any] = [None, "", True, False, 0, 7, "a\"<b>'&", "run-1", format_html("{}", "<&>")]
 
 
 @pytest.mark.parametrize("slow", list(FAST))

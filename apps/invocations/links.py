@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlencode
+from functools import lru_cache
+from urllib.parse import quote, urlencode
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.urls import reverse
+from django.urls import get_script_prefix, get_urlconf, reverse
+from django.utils.http import RFC3986_SUBDELIMS
 
 from apps.invocations.models import InvocationRecord
 
@@ -29,7 +31,26 @@ class Link:
 
 
 def run_timeline_url(run_id: str, tenant_slug: str) -> str:
-    return reverse("console:run", args=[run_id]) + "?" + urlencode({"tenant": tenant_slug})
+    return _run_path(run_id) + "?" + urlencode({"tenant": tenant_slug})
+
+
+_MARKER = "0run0id0"
+
+
+def _run_path(run_id: str) -> str:
+    """reverse("console:run", args=[run_id]), the pattern reversed once (a list page
+    makes a link per row): the run id quoted as the resolver quotes it (its `str`
+    converter takes anything but "/" and ""; those go through reverse, which refuses)."""
+    if not run_id or "/" in run_id or not isinstance(run_id, str):
+        return reverse("console:run", args=[run_id])
+    before, after = _reversed_run(get_script_prefix(), get_urlconf())
+    return before + quote(run_id, safe=RFC3986_SUBDELIMS + "/~:@") + after
+
+
+@lru_cache(maxsize=8)
+def _reversed_run(prefix: str, urlconf: str | None) -> tuple[str, str]:
+    before, after = reverse("console:run", args=[_MARKER]).split(_MARKER)
+    return before, after
 
 
 def run_events_url(run_id: str, tenant_id: int) -> str:

@@ -12,6 +12,7 @@ tests/admin/test_scoping.py walks `admin.site._registry` to prove it.
 
 from __future__ import annotations
 
+import html
 from collections import OrderedDict
 from typing import Any
 
@@ -30,8 +31,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django_tasks_db.admin import DBTaskResultAdmin
 from django_tasks_db.models import DBTaskResult
 from guardian.admin import (
@@ -47,7 +47,7 @@ from apps.tenants.models import ApiKey, Membership, Tenant
 from apps.tenants.principals import people
 from apps.tenants.roles import ROLE_GOVERNED
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
-from toolhub.web.fast_inputs import FastCheckboxInput, speed_up
+from toolhub.web.fast_inputs import speed_up
 from toolhub.web.json_input import JSONFormField
 from toolhub.web.paging import CappedCountPaginator
 
@@ -85,10 +85,6 @@ class ScopedChoicesMixin(BaseModelAdmin[Any]):
         return queryset.filter(pk__in=scoped.values("pk"))
 
 
-def _unchecked(value: Any) -> bool:
-    return False
-
-
 class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
     """Staff see and save only the rows of tenants where their role allows it (superusers:
     all): a row is listed when their role in its tenant gives the model's view or change
@@ -113,10 +109,13 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
     searched_per_tenant: tuple[str, ...] = ()
 
     def action_checkbox(self, obj: Any) -> SafeString:
-        """Django's row checkbox, written without the form templates (fast_inputs)."""
-        label = format_html("Select this object for an action - {}", str(obj))
-        checkbox = FastCheckboxInput({"class": "action-select", "aria-label": label}, _unchecked)
-        return checkbox.render(ACTION_CHECKBOX_NAME, str(obj.pk))
+        """Django's row checkbox (`ModelAdmin.action_checkbox`, its CheckboxInput through
+        the form templates), written directly: the same markup, a hundred times a page."""
+        label, value = html.escape(str(obj)), html.escape(str(obj.pk))
+        return mark_safe(  # noqa: S308 (both values escaped)
+            f'<input type="checkbox" name="{ACTION_CHECKBOX_NAME}" value="{value}"'
+            f' class="action-select" aria-label="Select this object for an action - {label}">'
+        )
 
     def get_changelist_formset(self, request: HttpRequest, **kwargs: Any) -> Any:
         """list_editable's forms, one per row, with their inputs written directly."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.utils.html import escape
+from django.utils.html import conditional_escape as escape
 from django.utils.safestring import SafeString, mark_safe
 
 
 def render_input(context: dict[str, Any]) -> SafeString:
     """`django/forms/widgets/input.html` and its `attrs.html`, as Python (each name and
-    value escaped as the templates' autoescape does)."""
+    value escaped as the templates' autoescape does: text already safe is kept)."""
     widget = context["widget"]
     parts = [f'<input type="{escape(widget["type"])}" name="{escape(widget["name"])}"']
     if widget["value"] is not None:
