@@ -340,8 +340,8 @@ async def test_refusals_and_errors_answer_as_before():
 
 async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatch):
     """EpochMiddleware pins the authorization epoch for the request, on the request's
-    thread. The catalog also reads the tools and the policies epochs (apps/tools/rows.py,
-    apps/policies/policy.py), each once."""
+    thread. The catalog also reads the tools, the policies and the grants epochs
+    (apps/tools/rows.py, apps/policies/policy.py, apps/tools/grants.py), each once."""
     from apps.tenants import epoch
 
     headers, _ = await sync_to_async(caller)()
@@ -355,7 +355,7 @@ async def test_the_epoch_is_read_once_per_request(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(epoch, "read", counting_read)
     status, _, content = await request(OneThreadASGIHandler(), "GET", "/api/v1/tools/", headers)
     assert status == 200, content[:300]
-    assert sorted(reads) == [epoch.ROW, epoch.TOOLS_ROW, epoch.POLICIES_ROW]
+    assert sorted(reads) == [epoch.ROW, epoch.TOOLS_ROW, epoch.POLICIES_ROW, epoch.GRANTS_ROW]
 
 
 class _Gather:

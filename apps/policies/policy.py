@@ -25,9 +25,8 @@ from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.tenants import epoch
 from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
-from apps.tools import rows
+from apps.tools import grants, rows
 from apps.tools.models import Tool
-from apps.tools.permissions import executable_tools
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -145,7 +144,10 @@ class Evaluator:
         self._admitting: dict[str, list[Policy]] = {}
         self._listing: dict[tuple[str, str], Decision] = {}
         self._by_signature: dict[tuple[Any, ...], Decision] = {}
-        self._allowed_of: tuple[dict[str, Tool], list[tuple[Tool, Decision]]] | None = None
+        self._allowed_of: tuple[dict[str, Tool], Catalog] | None = None
+        self._seen: dict[str, tuple[Tool, Decision | None]] = {}  # listed() per tool row
+        # The last catalog made from allowed_of's list and a caller's grants (catalog()).
+        self._visible: tuple[Any, Any, Catalog] | None = None
 
     @cached_property
     def version(self) -> str:
@@ -208,16 +210,28 @@ class Evaluator:
             found = self._by_signature[signature] = self._decide(tool, None, "")
         return found if found.allowed else None
 
-    def allowed_of(self, usable: dict[str, Tool]) -> list[tuple[Tool, Decision]]:
+    def allowed_of(self, usable: dict[str, Tool]) -> Catalog:
         """The tools of `usable` (rows.usable()) this evaluator lists, each with its
         decision, in their order: kept for the last rows seen (both are kept across
-        authorization epochs, so a cold catalog after a grant's edit reuses it)."""
+        authorization epochs, so a cold catalog after a grant's edit reuses it). After a
+        tool's edit only the rows loaded again are decided again (a row is one object
+        per version of its tool)."""
         kept = self._allowed_of
         if kept is not None and kept[0] is usable:
             return kept[1]
-        allowed = [(t, d) for t in usable.values() if (d := self.listed(t)) is not None]
-        self._allowed_of = (usable, allowed)
-        return allowed
+        seen = self._seen
+        allowed = []
+        for tool in usable.values():
+            found = seen.get(tool.id)
+            if found is None or found[0] is not tool:
+                found = seen[tool.id] = (tool, self.listed(tool))
+            if found[1] is not None:
+                allowed.append((tool, found[1]))
+        if len(seen) > len(usable) + 1_000:  # tools gone since: forget them
+            self._seen = {pk: seen[pk] for pk in usable if pk in seen}
+        made = Catalog(allowed)
+        self._allowed_of = (usable, made)
+        return made
 
     def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
         """Without `args` (the catalog, step 2 of a call) rules are not evaluated, and the
@@ -367,25 +381,59 @@ def _budgets(policies: list[Policy]) -> Budgets:
     )
 
 
-def catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Decision]]:
+class Catalog(list[tuple["Tool", Decision]]):
+    """A caller's catalog as catalog() returns it (read it, never change it): one object
+    while nothing it was made of changes, so what is made from it (the API's encoded
+    bodies and entries, apps/tools/listing.py) is kept on it. A catalog narrowed to the
+    caller's grants names the one it was narrowed from (`source`) and the grants."""
+
+    def __init__(
+        self,
+        entries: list[tuple[Tool, Decision]],
+        source: Catalog | None = None,
+        granted: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(entries)
+        self.source = source
+        self.granted = granted
+        self.bodies: dict[Any, bytes] = {}
+        self.entries: dict[str, list[bytes]] = {}
+
+
+def catalog(tenant: Tenant, principal: str, user: User) -> Catalog:
     """The usable tools this caller may see, each with its decision (CATALOG_IS_EXPLICIT).
 
-    Filtered by `execute_tool` permission first, in a fixed number of queries, and
-    cached per process as of the authorization epoch (a staff user's flags are part of
-    the key: they are read from the session's user, not from a cached row).
+    Filtered by `execute_tool` permission, and cached per process as of the
+    authorization epoch (a staff user's flags are part of the key: they are read from the
+    session's user, not from a cached row).
     """
     key = (tenant.pk, principal, user.pk, user.is_active, user.is_superuser)
     return _CATALOGS.get(key, lambda: _catalog(tenant, principal, user))
 
 
 _CATALOGS = EpochCache("catalogs")
+_VISIBLE_LOCK = threading.Lock()
 
 
-def _catalog(tenant: Tenant, principal: str, user: User) -> list[tuple[Tool, Decision]]:
-    """The usable tools' rows as kept per tools epoch (apps/tools/rows.py: a policy's or a
-    grant's edit reloads none), those this user may execute (their ids, one query), each
-    decided over the indexed policies (Evaluator.listed)."""
+def _catalog(tenant: Tenant, principal: str, user: User) -> Catalog:
+    """Made of three things kept below the authorization epoch, each under its own: the
+    evaluator (policies epoch, per tenant, principal and groups), the usable tools' rows
+    (tools epoch, apps/tools/rows.py) and the caller's executable tool ids (grants epoch,
+    apps/tools/grants.py). The catalog made of the same three objects is the same object:
+    an edit that changed none of them (another tenant's policy, a key, a connection) costs
+    the epochs' reads and the caller's groups, not 10,000 tools again (issue 45)."""
     evaluator = evaluator_for(tenant, principal, user)
     usable = rows.usable()
-    executable = set(executable_tools(user).values_list("pk", flat=True))
-    return [(tool, d) for tool, d in evaluator.allowed_of(usable) if tool.id in executable]
+    granted = grants.executable_ids(user)
+    allowed = evaluator.allowed_of(usable)
+    with _VISIBLE_LOCK:
+        kept = evaluator._visible
+    if kept is not None and kept[0] is allowed and kept[1] is granted:
+        return kept[2]
+    if granted is grants.EVERY:
+        made = allowed
+    else:
+        made = Catalog([(t, d) for t, d in allowed if t.id in granted], allowed, granted)
+    with _VISIBLE_LOCK:
+        evaluator._visible = (allowed, granted, made)
+    return made

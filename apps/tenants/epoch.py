@@ -53,6 +53,11 @@ TOOLS_ROW = 2
 # A third, the policies epoch: only edits of policies, their rules and listings change it
 # (apps/policies/policy.py keeps evaluators under it, per tenant, principal and groups).
 POLICIES_ROW = 3
+# A fourth, the grants epoch: only edits of who holds a permission change it (object and
+# global permissions, groups and their members: `_GRANT_SENDERS`); apps/tools/grants.py
+# keeps each caller's executable tools under it, so a policy's, tool's or key's edit
+# reads no grant again.
+GRANTS_ROW = 4
 
 _select: dict[tuple[str, int], str] = {}  # the read's SQL per database alias and row
 
@@ -140,11 +145,14 @@ def bump_row(row: int) -> None:
         read(row)
 
 
-def bump(**_signal_kwargs: Any) -> None:
-    """Give the epoch a new value, in the caller's transaction (a signal receiver too)."""
+def bump(sender: Any = None, **_signal_kwargs: Any) -> None:
+    """Give the epoch a new value, in the caller's transaction (a signal receiver too);
+    for a write of `sender` (a model), the rows below it that model's writes change too."""
     model = apps.get_model("tenants", "AuthzEpoch")
     if not model.objects.filter(pk=ROW).update(value=_new_value()):
         read()  # no row yet: creating it gives a value no cache was filled at
+    if sender is not None and sender in _grant_senders:
+        bump_row(GRANTS_ROW)
     holder = _pinned.get()
     if holder is not None:
         holder[0] = None  # this scope's later questions see its own edit
@@ -227,14 +235,14 @@ class EpochQuerySet(models.QuerySet[_M]):
         with transaction.atomic(using=self.db):
             changed = super().update(**kwargs)
             if changed:
-                bump()
+                bump(self.model)
         return changed
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[_M]:
         with transaction.atomic(using=self.db):
             made = super().bulk_create(objs, *args, **kwargs)
             if made:
-                bump()
+                bump(self.model)
         return made
 
     def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
@@ -243,7 +251,7 @@ class EpochQuerySet(models.QuerySet[_M]):
         with transaction.atomic(using=self.db):
             changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
-                bump()
+                bump(self.model)
         return changed
 
 
@@ -297,6 +305,23 @@ _M2M = (
     ("auth.Group", "permissions"),
     ("policies.Policy", "tools"),
 )
+# Of those, the models whose writes change who holds a permission, and so the grants
+# epoch too: object permissions, permissions, groups (a deleted group takes its members
+# and permissions with it, without an m2m signal), users, and the m2m tables below.
+_GRANT_SENDERS = (
+    "guardian.UserObjectPermission",
+    "guardian.GroupObjectPermission",
+    "auth.Permission",
+    "auth.Group",
+    "auth.User",
+)
+_GRANT_M2M = (
+    ("auth.User", "groups"),
+    ("auth.User", "user_permissions"),
+    ("auth.Group", "permissions"),
+)
+_grant_senders: set[type[models.Model]] = set()  # the above, models and through models
+
 # Writes that change nothing a cache holds, by save or in bulk: a login's timestamp, a
 # key's last use (ApiKey.touch). (A connection's secret is not among them: the broker
 # caches connection rows, ciphertext included, under the epoch, so a rotated secret is
@@ -314,7 +339,7 @@ def _ignored(model: type[models.Model], fields: Any) -> bool:
 
 def _on_save(sender: type[models.Model], update_fields: Any = None, **kwargs: Any) -> None:
     if not _ignored(sender, update_fields):
-        bump()
+        bump(sender)
 
 
 def _bulk_writes_bump(model: type[models.Model]) -> None:
@@ -348,11 +373,13 @@ def connect() -> None:
     for label, field in _M2M:
         through = getattr(apps.get_model(label), field).through
         m2m_changed.connect(_on_m2m, sender=through, dispatch_uid=f"epoch-m2m-{label}.{field}")
+    _grant_senders.update(apps.get_model(label) for label in _GRANT_SENDERS)
+    _grant_senders.update(getattr(apps.get_model(label), f).through for label, f in _GRANT_M2M)
 
 
-def _on_m2m(action: str, **kwargs: Any) -> None:
+def _on_m2m(sender: Any, action: str, **kwargs: Any) -> None:
     if action in ("post_add", "post_remove", "post_clear"):
-        bump()
+        bump(sender)
 
 
 class EpochMiddleware:

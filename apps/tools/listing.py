@@ -1,14 +1,15 @@
-"""The catalog as the API sends it, encoded once per authorization epoch.
+"""The catalog as the API sends it, encoded once per catalog.
 
 With 10,000 tools the catalog's JSON is megabytes: building each tool's entry and
 encoding them took about 300 ms a request (issue 45), though the list only changes with
-the epoch. The encoded body is kept beside the catalog itself (apps.policies.policy), per
-caller and format, and dropped with it when anything the catalog reads changes.
+what it is made of. The encoded body is kept on the catalog itself (a `Catalog` of
+apps.policies.policy, one object while its evaluator, tool rows and grants are the same),
+per format and run, so an authorization change that changed none of them encodes nothing.
 
-Below the body, each tool's entry is kept encoded per process by the tool's id and
-`updated_at` (every write of a tool stamps it: apps/tools/rows.py), its format and the
-one thing a decision adds to it (requiresApproval): after an authorization change the
-body is a join of these, and only a tool written since is encoded again.
+Below the body, each tool's entry is kept encoded on the tool's row (one object per
+version of the tool: apps/tools/rows.py reloads a written tool's row), per format and
+the one thing a decision adds to it (requiresApproval): a new body is a join of these,
+and only a tool written since is encoded again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-    from apps.policies.policy import Decision
+    from apps.policies.policy import Catalog, Decision
     from apps.tenants.models import Tenant
     from apps.tools.models import Tool
 
@@ -36,10 +37,7 @@ FORMATS: dict[str, Callable[[Tool], dict[str, Any]] | None] = {
 }
 
 _BODIES = EpochCache("catalog bodies")
-# Encoded entries by (tool id, updated_at, format, requiresApproval); started over past
-# MAX_ENTRIES (entries of tools edited since linger until then: never looked up again).
-_ENTRIES: dict[tuple[Any, ...], bytes] = {}
-MAX_ENTRIES = 50_000
+MAX_BODIES = 64  # kept per catalog (formats by runs); past it they start over
 
 
 def catalog_body(
@@ -63,11 +61,35 @@ def _encode(
     run: tuple[str, frozenset[str]] | None,
 ) -> bytes:
     allowed = catalog(tenant, principal, user)
+    key = (wire_format, run, tenant.slug, principal)
+    body = allowed.bodies.get(key)
+    if body is None:
+        body = _body(allowed, tenant, principal, wire_format, run)
+        if len(allowed.bodies) >= MAX_BODIES:
+            allowed.bodies.clear()
+        allowed.bodies[key] = body
+    return body
+
+
+def _body(
+    allowed: Catalog,
+    tenant: Tenant,
+    principal: str,
+    wire_format: str,
+    run: tuple[str, frozenset[str]] | None,
+) -> bytes:
     if run is not None:
-        allowed = [(tool, d) for tool, d in allowed if tool.pk in run[1]]
-    if allowed:
-        entries = b",".join(_entry(tool, d, wire_format) for tool, d in allowed)
-        return b'{"tools":[' + entries + b"]}"
+        on_run = [(tool, d) for tool, d in allowed if tool.pk in run[1]]
+        if on_run:
+            return _joined([_entry(tool, d, wire_format) for tool, d in on_run])
+    elif allowed.source is not None and allowed:
+        # Narrowed to the caller's grants: the entries of the catalog it was narrowed
+        # from (kept across grant edits), picked by the grants.
+        source, granted = allowed.source, allowed.granted
+        picked = zip(source, _entries(source, wire_format), strict=True)
+        return _joined([e for (tool, _), e in picked if tool.id in granted])
+    elif allowed:
+        return _joined(_entries(allowed, wire_format))
     body: dict[str, object] = {"tools": []}
     if run is not None:
         body["notice"] = (
@@ -84,16 +106,32 @@ def _encode(
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def _joined(entries: list[bytes]) -> bytes:
+    return b'{"tools":[' + b",".join(entries) + b"]}"
+
+
+def _entries(allowed: Catalog, wire_format: str) -> list[bytes]:
+    """The catalog's entries, in its order, kept on it per format."""
+    found = allowed.entries.get(wire_format)
+    if found is None:
+        found = allowed.entries[wire_format] = [_entry(t, d, wire_format) for t, d in allowed]
+    return found
+
+
 def _entry(tool: Tool, decision: Decision, wire_format: str) -> bytes:
-    """One tool's entry, encoded as the body encodes it (UTF-8, compact)."""
+    """One tool's entry, encoded as the body encodes it (UTF-8, compact), kept on the
+    tool's row (a row of rows.usable(): a written tool is a new row)."""
     approval = tool.requires_confirmation or decision.outcome == "require_approval"
-    key = (tool.id, tool.updated_at, wire_format, approval)
-    found = _ENTRIES.get(key)
+    kept: dict[tuple[str, bool], bytes] | None = tool.__dict__.get(_KEPT)
+    if kept is None:
+        kept = tool.__dict__.setdefault(_KEPT, {})
+    found = kept.get((wire_format, approval))
     if found is None:
         encode = FORMATS[wire_format]
         entry = encode(tool) if encode else tool_spec(tool, decision)
         found = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode()
-        if len(_ENTRIES) >= MAX_ENTRIES:
-            _ENTRIES.clear()
-        _ENTRIES[key] = found
+        kept[wire_format, approval] = found
     return found
+
+
+_KEPT = "_toolhub_entries"  # the attribute of a tool row its encoded entries are kept in

@@ -1,6 +1,7 @@
-"""The catalog's process caches (issue 45): tool rows per tools epoch, encoded entries per
-tool version, decisions per kind of answer. Each must let an edit show on the very next
-catalog, in this process and in every other, and per caller, tenant and format."""
+"""The catalog's process caches (issue 45): tool rows per tools epoch, executable tool ids
+per grants epoch, encoded entries per tool version, decisions per kind of answer, bodies
+per catalog. Each must let an edit show on the very next catalog, in this process and in
+every other, and per caller, tenant and format."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission, User
+from django.contrib.contenttypes.models import ContentType
 from django.db import connection
+from guardian.models import GroupObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.policies.models import Outcome, Policy, PolicyRule
 from apps.policies.policy import Evaluator, evaluator_for
 from apps.tenants import epoch
-from apps.tenants.models import ApiKey
+from apps.tenants.models import ApiKey, Tenant
 from apps.tenants.principals import agents_group
 from apps.tenants.scoping import tenant_group_name
-from apps.tools import rows
+from apps.tools import grants, rows
 from apps.tools.models import Tool
 from tests.conftest import CORE_TOOLS, Agent, allow, make_agent
 from tests.support.server import ROOT, database_url
@@ -278,13 +281,22 @@ _EDITOR = textwrap.dedent(
     import sys
     import django
     django.setup()
+    from django.contrib.auth.models import Group, User
+    from guardian.shortcuts import assign_perm, remove_perm
     from apps.policies.models import Policy
     from apps.tools.models import Tool
     for line in sys.stdin:
         model, pk, field, value = line.strip().split(" ", 3)
-        row = (Tool if model == "tool" else Policy).objects.get(pk=pk)
-        setattr(row, field, value == "True" if field == "enabled" else value)
-        row.save()
+        if model == "grant":  # grant <group id> <assign|remove> <tool id>
+            change = assign_perm if field == "assign" else remove_perm
+            change("tools.execute_tool", Group.objects.get(pk=pk), Tool.objects.get(pk=value))
+        elif model == "user":  # user <user id> <join|leave> <group id>
+            groups = User.objects.get(pk=pk).groups
+            (groups.add if field == "join" else groups.remove)(Group.objects.get(pk=value))
+        else:
+            row = (Tool if model == "tool" else Policy).objects.get(pk=pk)
+            setattr(row, field, value == "True" if field == "enabled" else value)
+            row.save()
         print("saved", flush=True)
     """
 )
@@ -342,3 +354,199 @@ def test_an_edit_in_another_process_shows_on_the_next_catalog_here(
     assert listed(agent) == {}
     edit(other_process, f"policy {policy.pk} enabled True")
     assert TOOL in listed(agent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grant_or_membership_edited_in_another_process_shows_on_the_next_catalog_here(
+    other_process: subprocess.Popen[str],
+) -> None:
+    agent = make_agent("acme")
+    allow(agent.tenant, *CORE_TOOLS)
+    group = agents_group(agent.tenant)
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    assert TOOL in listed(agent)
+    edit(other_process, f"grant {group.pk} remove {TOOL}")
+    assert TOOL not in listed(agent)
+    assert TOOL not in listed(agent, format="openai")
+    edit(other_process, f"grant {group.pk} assign {TOOL}")
+    assert TOOL in listed(agent)
+    edit(other_process, f"user {user.pk} leave {group.pk}")
+    assert listed(agent) == {}
+    edit(other_process, f"user {user.pk} join {group.pk}")
+    assert TOOL in listed(agent)
+
+
+@pytest.mark.django_db
+def test_only_writes_of_who_holds_a_permission_change_the_grants_epoch(agent: Agent) -> None:
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    group = agents_group(agent.tenant)
+    extra = Group.objects.create(name=tenant_group_name(agent.tenant, "extra"))
+    tool = Tool.objects.get(pk=TOOL)
+    (other,) = bulk_tools(1)
+    execute = Permission.objects.get(codename="execute_tool")
+    granting = [
+        lambda: remove_perm("tools.execute_tool", group, tool),  # a delete
+        lambda: assign_perm("tools.execute_tool", group, tool),  # a save
+        # (guardian's stubs name one object; a queryset is one bulk write)
+        lambda: assign_perm("tools.execute_tool", extra, Tool.objects.filter(pk=other)),  # type: ignore[arg-type]
+        lambda: assign_perm("tools.execute_tool", user, tool),  # a user's own grant
+        lambda: user.groups.add(extra),
+        lambda: user.groups.remove(extra),
+        lambda: extra.user_set.add(user),
+        lambda: user.user_permissions.add(execute),
+        lambda: user.user_permissions.clear(),
+        lambda: extra.permissions.add(execute),
+        lambda: Group.objects.filter(pk=extra.pk).delete(),
+        lambda: User.objects.filter(pk=user.pk).update(is_active=True),
+    ]
+    for write in granting:
+        at = epoch.read(epoch.GRANTS_ROW)
+        write()
+        assert epoch.read(epoch.GRANTS_ROW) != at
+    unrelated = [
+        lambda: Policy.objects.filter(tenant=agent.tenant).update(four_eyes=True),
+        lambda: Tool.objects.filter(pk=TOOL).update(description="edited"),
+        lambda: Tenant.objects.filter(pk=agent.tenant.pk).update(name="Renamed"),
+        lambda: epoch.bump(),
+    ]
+    for write in unrelated:
+        at, authz = epoch.read(epoch.GRANTS_ROW), epoch.read()
+        write()
+        assert epoch.read(epoch.GRANTS_ROW) == at
+        assert epoch.read() != authz
+
+
+@pytest.mark.django_db
+def test_an_unrelated_edit_keeps_the_grants_the_catalog_and_its_body(agent: Agent) -> None:
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    with epoch.pinned():
+        granted = grants.executable_ids(user)
+        kept = catalog_of(agent, user)
+    assert granted is not None and TOOL in granted
+    body = agent.tools().content
+    for write in (
+        lambda: epoch.bump(),
+        lambda: Tenant.objects.filter(pk=agent.tenant.pk).update(name="Renamed"),
+        # another user's grant: the grants are read again, equal, and so the same object
+        lambda: assign_perm("tools.execute_tool", User.objects.create(username="x"), tool_row()),
+    ):
+        write()
+        with epoch.pinned():
+            assert grants.executable_ids(user) is granted
+            assert catalog_of(agent, user) is kept
+        assert agent.tools().content == body
+    # A grant of this caller's is a new answer and a new catalog.
+    remove_perm("tools.execute_tool", agents_group(agent.tenant), tool_row())
+    with epoch.pinned():
+        assert TOOL not in (grants.executable_ids(user) or ())
+        assert catalog_of(agent, user) is not kept
+    assert TOOL not in listed(agent)
+
+
+def tool_row() -> Tool:
+    return Tool.objects.get(pk=TOOL)
+
+
+def catalog_of(agent: Agent, user: User) -> list[Any]:
+    from apps.policies.policy import catalog
+
+    return catalog(agent.tenant, agent.principal, user)
+
+
+@contextmanager
+def revoke_mid_build(group: Group, tool_id: str) -> Iterator[None]:
+    """A connection wrapper: right after the catalog reads the caller's grants, the grant
+    on `tool_id` is revoked (another request's edit landing between two of this one's
+    reads: after the grants epoch was read, before the catalog is kept)."""
+    done: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not done and "groupobjectpermission" in sql and "SELECT" in sql:
+            done.append(sql)
+            remove_perm("tools.execute_tool", group, Tool.objects.get(pk=tool_id))
+        return result
+
+    with connection.execute_wrapper(wrapper):
+        yield
+    assert done, "the catalog did not read the grants"
+
+
+@pytest.mark.django_db
+def test_a_grant_revoked_while_a_catalog_is_built_leaves_the_next_catalog(agent: Agent) -> None:
+    listed(agent)
+    epoch.bump_row(epoch.GRANTS_ROW)  # so the next catalog reads the grants again
+    epoch.bump()
+    with revoke_mid_build(agents_group(agent.tenant), TOOL):
+        listed(agent)  # read before the revocation: may list it
+    assert TOOL not in listed(agent)
+    assert TOOL not in listed(agent, format="anthropic")
+    assert "core__planning_read_plan" in listed(agent)
+
+
+@pytest.mark.django_db
+def test_ten_thousand_tools_with_one_changed(agent: Agent) -> None:
+    """Each change to one of 10,000 tools shows on the next catalog, and the rest stay."""
+    ids = bulk_tools(10_000)
+    policy = Policy.objects.get(tenant=agent.tenant)
+    # Written as the bench writes them (signals for 10,000 rows would be most of the test).
+    Policy.tools.through.objects.bulk_create(
+        [Policy.tools.through(policy_id=policy.pk, tool_id=pk) for pk in ids]
+    )
+    epoch.bump_row(epoch.POLICIES_ROW)
+    group = agents_group(agent.tenant)
+    execute = Permission.objects.get(codename="execute_tool")
+    kind = ContentType.objects.get_for_model(Tool)
+    GroupObjectPermission.objects.bulk_create(
+        [
+            GroupObjectPermission(group=group, permission=execute, content_type=kind, object_pk=pk)
+            for pk in ids
+        ]
+    )
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+
+    def ids_listed() -> set[str]:
+        with epoch.pinned():
+            return {tool.id for tool, _ in catalog_of(agent, user)}
+
+    everything = set(ids) | set(CORE_TOOLS)
+    assert ids_listed() == everything
+    remove_perm("tools.execute_tool", group, Tool.objects.get(pk=ids[4321]))
+    assert ids_listed() == everything - {ids[4321]}
+    Tool.objects.filter(pk=ids[17]).update(enabled=False)
+    assert ids_listed() == everything - {ids[4321], ids[17]}
+    Tool.objects.filter(pk=ids[9999]).update(description="the last one, edited")
+    after = listed(agent)  # the body too, once
+    assert set(after) == everything - {ids[4321], ids[17]}
+    assert after[ids[9999]]["description"] == "the last one, edited"
+    assign_perm("tools.execute_tool", group, Tool.objects.get(pk=ids[4321]))
+    Tool.objects.filter(pk=ids[17]).update(enabled=True)
+    assert ids_listed() == everything
+
+
+@pytest.mark.django_db
+def test_a_principal_whose_groups_change(agent: Agent) -> None:
+    """Grants held through a group follow the membership, and the group's existence."""
+    (extra_tool,) = bulk_tools(1)
+    Policy.objects.get(tenant=agent.tenant).tools.add(Tool.objects.get(pk=extra_tool))
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    extra = Group.objects.create(name=tenant_group_name(agent.tenant, "extra"))
+    assign_perm("tools.execute_tool", extra, Tool.objects.get(pk=extra_tool))
+    assert extra_tool not in listed(agent)
+    user.groups.add(extra)
+    assert extra_tool in listed(agent)
+    user.groups.remove(extra)
+    assert extra_tool not in listed(agent)
+    extra.user_set.add(user)
+    assert extra_tool in listed(agent)
+    Group.objects.filter(pk=extra.pk).delete()  # its members and grants go with it
+    assert extra_tool not in listed(agent)
+    # execute_tool held globally through a group: every usable listed tool.
+    user.groups.remove(agents_group(agent.tenant))
+    assert listed(agent) == {}
+    every = Group.objects.create(name=tenant_group_name(agent.tenant, "every"))
+    every.permissions.add(Permission.objects.get(codename="execute_tool"))
+    user.groups.add(every)
+    assert set(listed(agent)) == {*CORE_TOOLS, extra_tool}
+    every.permissions.clear()
+    assert listed(agent) == {}

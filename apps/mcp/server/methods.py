@@ -23,7 +23,7 @@ from apps.invocations.requests import InvocationRequest
 from apps.invocations.streams import is_run_id
 from apps.mcp.server import tools, tracing
 from apps.mcp.server.sessions import Session, new_run_id
-from apps.policies.policy import catalog
+from apps.policies.policy import Decision, catalog
 from apps.tenants.callers import Caller
 from apps.tools import sources
 from apps.tools.models import Tool
@@ -140,7 +140,7 @@ def list_tools(caller: Caller, session: Session, params: dict[str, Any]) -> dict
     cursor = params.get("cursor")
     if cursor is not None and not isinstance(cursor, str):
         raise RpcError(INVALID_PARAMS, "cursor must be a string from an earlier tools/list.")
-    allowed = catalog(caller.tenant, caller.principal, caller.user)
+    allowed: list[tuple[Tool, Decision]] = catalog(caller.tenant, caller.principal, caller.user)
     run_id = _named_run(params) or session.run_id
     narrowed = runs.allowlist(caller.tenant, run_id)
     if narrowed is not None:

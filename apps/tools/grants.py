@@ -1,0 +1,81 @@
+"""Which tools a caller may execute, kept in each process under the grants epoch (issue 45).
+
+The catalog intersects the usable tools with the caller's `execute_tool` grants. With
+10,000 tools that is 10,000 of guardian's object permissions to read, and the catalog
+read them again after every authorization change: a policy, a tool, a key edited. Who
+holds a permission changes only when a permission, an object permission, a group, a
+user or a membership is written, and every such write gives the grants epoch
+(apps/tenants/epoch.py, GRANTS_ROW) a new value in its own transaction. So each
+process keeps, per user, the ids of the tools granted (or "every tool", a global
+permission) as of that epoch: read before the grants, so a grant revoked while they are
+read is read again on the next catalog, never kept under the newer epoch.
+
+The answer names tools by id whether they are usable or not: the catalog intersects it
+with the usable tools' rows (apps/tools/rows.py), so a tool's own edit needs no grant
+read. An answer equal to the one kept before is the same object: what the catalog keeps
+by it (apps/policies/policy.py) survives an edit of someone else's grants.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from django.db.models import Q
+from guardian.models import GroupObjectPermission, UserObjectPermission
+
+from apps.tenants import epoch, object_permissions
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+EXECUTE = "tools.execute_tool"
+EVERY = None  # the answer for a user who may execute every tool
+
+_lock = threading.Lock()
+_at: int | None = None  # the grants epoch the answers were read at
+_held: dict[int, frozenset[str] | None] = {}  # user id -> tool ids, or EVERY
+
+
+def executable_ids(user: User) -> frozenset[str] | None:
+    """The ids of the tools `user` may execute, or EVERY (None): a superuser, or
+    `execute_tool` held as a global permission, directly or through a group. An inactive
+    user may execute none. (The user's flags are the caller's row, not kept here.)"""
+    if not user.is_active:
+        return frozenset()
+    if user.is_superuser:
+        return EVERY
+    global _at, _held
+    at = epoch.read(epoch.GRANTS_ROW)  # before the grants: see apps/tenants/epoch.py
+    with _lock:
+        if _at == at and user.pk in _held:
+            return _held[user.pk]
+        had = user.pk in _held
+        before = _held.get(user.pk)
+    found = _read(user)
+    if had and found == before:
+        found = before  # the same object: what is kept by it stays valid
+    with _lock:
+        if _at != at or len(_held) >= epoch.MAX_ENTRIES:
+            _at, _held = at, {}
+        _held[user.pk] = found
+    return found
+
+
+def _read(user: User) -> frozenset[str] | None:
+    permission = object_permissions.permission(EXECUTE)
+    if permission.filter(Q(user=user) | Q(group__user=user)).exists():
+        return EVERY
+    by_user = UserObjectPermission.objects.filter(permission__in=permission, user=user)
+    by_group = GroupObjectPermission.objects.filter(permission__in=permission, group__user=user)
+    return frozenset(
+        by_user.values_list("object_pk", flat=True).union(
+            by_group.values_list("object_pk", flat=True)
+        )
+    )
+
+
+def clear() -> None:
+    global _at, _held
+    with _lock:
+        _at, _held = None, {}
