@@ -64,10 +64,15 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def timed(fn: Callable[[], Any], samples: int) -> dict[str, float]:
+def timed(
+    fn: Callable[[], Any], samples: int, before: Callable[[], Any] | None = None
+) -> dict[str, float]:
+    """`fn`'s times; `before`, if given, runs before each call, off the clock."""
     fn()  # warm: caches, plans
     times = []
     for _ in range(samples):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1000)
@@ -734,15 +739,82 @@ def catalog_timings(api: Any, samples: int) -> tuple[dict[str, float], dict[str,
 
 
 def catalog_only(world: World, api: Any, samples: int) -> dict[str, Any]:
-    """The catalog's figures alone (`--catalog-only`): cold and warm through the API, MCP
-    tools/list warm and cold (the first page after an authorization change)."""
+    """The catalog's figures alone (`--catalog-only`): cold and warm through the API, cold
+    after each kind of change (`catalog_cold_after`: a bare bump() changes the
+    authorization epoch alone, a real edit changes what is below it too), MCP tools/list
+    warm and cold (the first page after an authorization change, and after a grant)."""
     from apps.tenants.epoch import bump
 
     figures: dict[str, Any] = {}
     figures["catalog_cold"], figures["catalog"] = catalog_timings(api, samples)
+    changes = catalog_changes(world)
+    figures["catalog_cold_after"] = {
+        kind: catalog_cold_after(api, change, max(3, samples // 3))
+        for kind, change in changes.items()
+    }
     figures["mcp_tools_list"] = mcp_tools_list(world, samples)
     figures["mcp_tools_list_cold"] = mcp_tools_list(world, max(3, samples // 3), before=bump)
+    figures["mcp_tools_list_cold_grant"] = mcp_tools_list(
+        world, max(3, samples // 3), before=changes["grant added"]
+    )
     return figures
+
+
+def catalog_changes(world: World) -> dict[str, Callable[[], None]]:
+    """One edit of each kind that changes the authorization epoch, in the bench tenant:
+    each alternates between two states so that every sample changes something."""
+    from django.contrib.auth.models import Group
+    from guardian.shortcuts import assign_perm, remove_perm
+
+    from apps.policies.models import Policy
+    from apps.tenants.principals import agents_group
+    from apps.tools.models import Tool
+    from tests.connections import make_connection
+
+    tenant = world.agent.tenant
+    policy = Policy.objects.filter(tenant=tenant).order_by("pk").last()
+    assert policy is not None
+    group: Group = agents_group(tenant)
+    granted = Tool.objects.get(pk="bench__tool_00001")
+    connection = make_connection(tenant, name="bench")
+    turn = [0]
+
+    def flip() -> int:
+        turn[0] += 1
+        return turn[0] % 2
+
+    def policy_edited() -> None:
+        policy.four_eyes = bool(flip())
+        policy.save()
+
+    def grant_added() -> None:
+        if flip():
+            remove_perm("tools.execute_tool", group, granted)
+        else:
+            assign_perm("tools.execute_tool", group, granted)
+
+    def tool_edited() -> None:
+        Tool.objects.filter(pk="bench__tool_00002").update(description=f"Edited {flip()}")
+
+    def connection_edited() -> None:
+        connection.allowed_hosts = ["api.example.com"] + (["b.example.com"] if flip() else [])
+        connection.save()
+
+    return {
+        "policy edited": policy_edited,
+        "grant added": grant_added,
+        "tool edited": tool_edited,
+        "connection edited": connection_edited,
+    }
+
+
+def catalog_cold_after(api: Any, change: Callable[[], None], samples: int) -> dict[str, float]:
+    """The first catalog after `change` (the edit's own time off the clock)."""
+
+    def cold() -> None:
+        assert api.get("/api/v1/tools/").status_code == 200
+
+    return timed(cold, samples, before=change)
 
 
 def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -810,15 +882,13 @@ def mcp_tools_list(
 
     def one() -> None:
         nonlocal listed
-        if before is not None:
-            before()
         status, _, text = asgi_http(
             "/mcp/", {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session
         )
         assert status == 200, text[:200]
         listed = len(json.loads(text)["result"]["tools"])
 
-    result: dict[str, Any] = timed(one, samples)
+    result: dict[str, Any] = timed(one, samples, before=before)
     result["listed_first_page"] = listed
     return result
 

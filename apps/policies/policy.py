@@ -385,19 +385,46 @@ class Catalog(list[tuple["Tool", Decision]]):
     """A caller's catalog as catalog() returns it (read it, never change it): one object
     while nothing it was made of changes, so what is made from it (the API's encoded
     bodies and entries, apps/tools/listing.py) is kept on it. A catalog narrowed to the
-    caller's grants names the one it was narrowed from (`source`) and the grants."""
+    caller's grants names the one it was narrowed from (`source`) and the ids it left
+    out of it (`missing`)."""
 
     def __init__(
         self,
         entries: list[tuple[Tool, Decision]],
         source: Catalog | None = None,
-        granted: frozenset[str] = frozenset(),
+        missing: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(entries)
         self.source = source
-        self.granted = granted
+        self.missing = missing
         self.bodies: dict[Any, bytes] = {}
         self.entries: dict[str, list[bytes]] = {}
+
+    @cached_property
+    def ids(self) -> frozenset[str]:
+        return frozenset(tool.id for tool, _ in self)
+
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        return {tool.id: i for i, (tool, _) in enumerate(self)}
+
+    def without(self, missing: frozenset[str]) -> Catalog:
+        """This catalog less the tools `missing` names (ids of its own)."""
+        return Catalog(drop(self, self.positions, missing), self, missing)
+
+
+FEW = 0.1  # left out of a catalog by position rather than by a pass over it, up to this share
+
+
+def drop(items: list[Any], positions: dict[str, int], missing: frozenset[str]) -> list[Any]:
+    """`items` (in a catalog's order) less those at the positions of `missing`."""
+    if len(missing) > len(items) * FEW:
+        gone = {positions[pk] for pk in missing}
+        return [item for i, item in enumerate(items) if i not in gone]
+    kept = list(items)
+    for i in sorted((positions[pk] for pk in missing), reverse=True):
+        del kept[i]
+    return kept
 
 
 def catalog(tenant: Tenant, principal: str, user: User) -> Catalog:
@@ -430,10 +457,8 @@ def _catalog(tenant: Tenant, principal: str, user: User) -> Catalog:
         kept = evaluator._visible
     if kept is not None and kept[0] is allowed and kept[1] is granted:
         return kept[2]
-    if granted is grants.EVERY:
-        made = allowed
-    else:
-        made = Catalog([(t, d) for t, d in allowed if t.id in granted], allowed, granted)
+    missing = frozenset() if granted is grants.EVERY else allowed.ids - granted
+    made = allowed.without(missing) if missing else allowed
     with _VISIBLE_LOCK:
         evaluator._visible = (allowed, granted, made)
     return made

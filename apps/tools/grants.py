@@ -19,8 +19,10 @@ by it (apps/policies/policy.py) survives an edit of someone else's grants.
 from __future__ import annotations
 
 import threading
+from itertools import chain
 from typing import TYPE_CHECKING
 
+from django.db import connections
 from django.db.models import Q
 from guardian.models import GroupObjectPermission, UserObjectPermission
 
@@ -68,11 +70,13 @@ def _read(user: User) -> frozenset[str] | None:
         return EVERY
     by_user = UserObjectPermission.objects.filter(permission__in=permission, user=user)
     by_group = GroupObjectPermission.objects.filter(permission__in=permission, group__user=user)
-    return frozenset(
-        by_user.values_list("object_pk", flat=True).union(
-            by_group.values_list("object_pk", flat=True)
-        )
-    )
+    ids = by_user.values_list("object_pk").union(by_group.values_list("object_pk"))
+    # Rows as the driver gives them: 10,000 of them through the queryset's iterator cost
+    # more than the query (issue 45).
+    sql, params = ids.query.sql_with_params()
+    with connections[ids.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return frozenset(chain.from_iterable(cursor.fetchall()))
 
 
 def clear() -> None:

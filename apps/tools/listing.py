@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from apps.policies.policy import catalog
+from apps.policies.policy import catalog, drop
 from apps.tenants.epoch import EpochCache
 from apps.tools.wire import anthropic_tool, openai_tool, tool_spec
 
@@ -84,10 +84,9 @@ def _body(
             return _joined([_entry(tool, d, wire_format) for tool, d in on_run])
     elif allowed.source is not None and allowed:
         # Narrowed to the caller's grants: the entries of the catalog it was narrowed
-        # from (kept across grant edits), picked by the grants.
-        source, granted = allowed.source, allowed.granted
-        picked = zip(source, _entries(source, wire_format), strict=True)
-        return _joined([e for (tool, _), e in picked if tool.id in granted])
+        # from (kept across grant edits), less those of the tools it left out.
+        source = allowed.source
+        return _joined(drop(_entries(source, wire_format), source.positions, allowed.missing))
     elif allowed:
         return _joined(_entries(allowed, wire_format))
     body: dict[str, object] = {"tools": []}
