@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
@@ -68,7 +69,19 @@ def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
 
 
 def expire_if_overdue(approval_id: Any) -> bool:
-    """Move an overdue pending request to expired (never executed); True if it did."""
+    """Move an overdue pending request to expired (never executed); True if it did.
+
+    Whether it is overdue is read first without a lock (on SQLite a locking read is a
+    write transaction, and a decision on a request in time, the usual case, needs none);
+    an overdue one is checked again under the lock."""
+    try:
+        overdue = ApprovalRequest.objects.filter(
+            pk=approval_id, status=ApprovalStatus.PENDING, expires_at__lte=timezone.now()
+        ).exists()
+    except (DjangoValidationError, ValueError):
+        return False  # not an id: the caller reports it
+    if not overdue:
+        return False
     with transaction.atomic():
         approval = _locked(approval_id, None)
         if not approval.is_expired:
@@ -164,9 +177,12 @@ def _approve(
             "reason": reason,
         },
     )
-    given = approval.votes.filter(
-        decision=Vote.Decision.APPROVE, bound_hash=approval.bound_hash
-    ).count()
+    # One approval required (the usual case): the vote just written is it.
+    given = 1
+    if approval.approvals_required > 1:
+        given = approval.votes.filter(
+            decision=Vote.Decision.APPROVE, bound_hash=approval.bound_hash
+        ).count()
     if given < approval.approvals_required:
         approval.save()
         return  # the quorum is not reached yet; the request stays pending

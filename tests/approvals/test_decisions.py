@@ -350,6 +350,34 @@ def test_deciding_an_overdue_request_expires_it_instead(caller, operator):
     assert (decided["type"], decided["decision"]) == ("approval_decided", "expire")
 
 
+def test_a_decision_in_time_opens_one_transaction_and_reads_its_answer_at_once(caller, operator):
+    """The usual decision: whether the request is overdue is an unlocked read (no write
+    transaction of its own), the decision one transaction, and the answer one read of the
+    approval with its tool and decider."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, approval = hold(caller, CONFIRM, runId="run-in-time")
+    client = logged_in(operator)
+    with CaptureQueriesContext(connection) as queries:
+        response = post_decision(client, approval.pk)
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["status"], body["approvalsGiven"], body["decidedBy"]) == (
+        "approved",
+        1,
+        operator.get_username(),
+    )
+    statements = [q["sql"] for q in queries.captured_queries]
+    begins = [sql for sql in statements if sql.startswith(("BEGIN", "SAVEPOINT"))]
+    if connection.vendor == "sqlite":
+        assert sum(sql.startswith("BEGIN") for sql in statements) == 1, statements
+    # Votes are counted once, for the answer's approvalsGiven (one approval required: the
+    # decision itself needs no count).
+    assert sum("COUNT(" in sql and "approvals_vote" in sql for sql in statements) == 1
+    assert len(statements) <= 26, (len(statements), begins)
+
+
 def test_a_policys_approval_timeout_sets_the_expiry(caller):
     policy = Policy.objects.get(tenant=caller.tenant, name="test tools")
     policy.approval_timeout_minutes = 3
