@@ -69,8 +69,11 @@ def _read(user: User) -> frozenset[str] | None:
     if permission.filter(Q(user=user) | Q(group__user=user)).exists():
         return EVERY
     by_user = UserObjectPermission.objects.filter(permission__in=permission, user=user)
-    by_group = GroupObjectPermission.objects.filter(permission__in=permission, group__user=user)
-    ids = by_user.values_list("object_pk").union(by_group.values_list("object_pk"))
+    # The user's groups as a semi-join on their membership rows, not a join through
+    # auth_group (PostgreSQL filtered 10,000 joined rows in a nested loop: 3x the time).
+    groups = user.groups.through.objects.filter(user_id=user.pk).values("group_id")
+    by_group = GroupObjectPermission.objects.filter(permission__in=permission, group__in=groups)
+    ids = by_user.values_list("object_pk").union(by_group.values_list("object_pk"), all=True)
     # Rows as the driver gives them: 10,000 of them through the queryset's iterator cost
     # more than the query (issue 45).
     sql, params = ids.query.sql_with_params()
