@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib import admin
@@ -12,6 +13,7 @@ from django.db import connection
 from django.templatetags.static import static
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone, translation
 
 from apps.invocations.models import InvocationRecord
 from apps.tools.admin import ToolAdmin
@@ -67,6 +69,25 @@ def test_every_changelist_has_djangos_rows(world: World, root_client: Client, od
         same_rows(root_client, path + "?_popup=1")
         same_rows(root_client, path + "?o=-1&q=a")
     assert shown > 20
+
+
+@pytest.mark.parametrize(("language", "zone"), [("en-us", "UTC"), ("de", "Asia/Kathmandu")])
+def test_dates_as_django_writes_them(world: World, root_client: Client, language, zone) -> None:
+    """Dates written from the language's DATETIME_FORMAT split once a page (toolhub.formats'
+    "Y-m-d H:i:s"), or by Django's dateformat for other specifiers (German's "j. F Y"),
+    in the current time zone (+05:45 here)."""
+    response = root_client.get(changelist(InvocationRecord))
+    cl = response.context["cl"]
+    with translation.override(language), timezone.override(zone):
+        fast = rows(cl, fast_list.results)
+        assert fast == rows(cl, admin_list.results)
+    record = InvocationRecord.objects.order_by("-created_at", "-id").first()
+    assert record is not None
+    local = timezone.localtime(record.created_at, ZoneInfo(zone))
+    shown = fast[0][1][1]
+    assert local.strftime("%H:%M") in shown
+    if language == "en-us":
+        assert local.strftime("%Y-%m-%d %H:%M:%S") in shown
 
 
 def test_a_tenant_staff_members_lists_have_djangos_rows(world: World, staff_client: Client) -> None:
