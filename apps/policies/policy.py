@@ -16,6 +16,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 from django.db.models import Q
@@ -403,6 +404,11 @@ class Catalog(list[tuple["Tool", Decision]]):
     @cached_property
     def ids(self) -> frozenset[str]:
         return frozenset(tool.id for tool, _ in self)
+
+    @cached_property
+    def in_id_order(self) -> bool:
+        """Its ids ascend as Python compares them (the database's collation may not)."""
+        return all(a[0].id < b[0].id for a, b in pairwise(self))
 
     @cached_property
     def positions(self) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.mcp.server import tools
-from apps.policies.policy import Decision
+from apps.policies.policy import Catalog, Decision
 from apps.tools.models import Tool
 
 ALLOWED = Decision("allow", "policy:1:test", "Allowed.")
@@ -43,11 +43,12 @@ def test_it_derives_the_hints_from_effect_and_consequence(
     assert hints["title"] == "A"
 
 
-def test_pages_continue_after_the_last_id_even_when_the_catalog_changes_between_pages():
-    catalog = [(tool(i), ALLOWED) for i in ("a", "b", "c", "d", "e")]
+@pytest.mark.parametrize("kind", [list, Catalog])
+def test_pages_continue_after_the_last_id_even_when_the_catalog_changes_between_pages(kind):
+    catalog = kind([(tool(i), ALLOWED) for i in ("a", "b", "c", "d", "e")])
     first, cursor = tools.page(catalog, None, 2)
     assert [t["name"] for t in first] == ["a", "b"] and cursor is not None
-    shrunk = [entry for entry in catalog if entry[0].id != "a"]  # "a" removed meanwhile
+    shrunk = kind([entry for entry in catalog if entry[0].id != "a"])  # "a" removed meanwhile
     second, cursor = tools.page(shrunk, cursor, 2)
     assert [t["name"] for t in second] == ["c", "d"]
     last, cursor = tools.page(shrunk, cursor, 2)
@@ -81,3 +82,19 @@ def test_an_imported_tool_shows_its_servers_title_and_hints_and_the_specs_defaul
 def test_a_built_in_tool_keeps_the_hints_of_its_effect():
     entry = tools.mcp_tool(tool("a", "read_only"), ALLOWED)
     assert entry["annotations"] == tools.hints(tool("a", "read_only"))
+
+
+def test_a_catalog_in_the_databases_collation_order_pages_as_a_list_does():
+    """A catalog is in the database's id order, which a collation may make differ from
+    Python's (underscores ignored): a cursor page is still "the ids after this one"."""
+    ids = ["a_c", "ab", "a_d", "b", "b_a"]  # not ascending as Python compares them
+    catalog = Catalog([(tool(i), ALLOWED) for i in ids])
+    assert not catalog.in_id_order
+    for after in ids:
+        cursor = tools._encode(after)
+        assert tools.page(catalog, cursor, 2) == tools.page(list(catalog), cursor, 2)
+    ordered = Catalog([(tool(i), ALLOWED) for i in sorted(ids)])
+    assert ordered.in_id_order
+    for after in ids:
+        cursor = tools._encode(after)
+        assert tools.page(ordered, cursor, 2) == tools.page(list(ordered), cursor, 2)

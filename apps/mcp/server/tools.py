@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+from bisect import bisect_right
 from typing import Any
 
 from apps.mcp.models import McpTool
-from apps.policies.policy import Decision
+from apps.policies.policy import Catalog, Decision
 from apps.tools.models import ConsequenceLevel, Effect, Source, Tool
 
 # MCP's defaults for hints a server leaves out (ToolAnnotations in the spec): a tool that
@@ -86,7 +87,12 @@ def page(
     """One page of tools after the cursor's tool id (ids are stable, the catalog is sorted
     by id), so a tool added or removed between pages neither repeats nor shifts others."""
     after = _decode(cursor) if cursor is not None else None
-    rest = [(t, d) for t, d in catalog if after is None or t.id > after]
+    if after is None:
+        rest = catalog  # the first page: no pass over 10,000 tools (issue 45)
+    elif isinstance(catalog, Catalog) and catalog.in_id_order:
+        rest = catalog[bisect_right(catalog, after, key=_tool_id) :]
+    else:
+        rest = [(t, d) for t, d in catalog if t.id > after]
     chosen = rest[:size]
     more = len(rest) > size
     next_cursor = _encode(chosen[-1][0].id) if more and chosen else None
@@ -101,6 +107,10 @@ def page(
         for t, d in chosen
     ]
     return listed, next_cursor
+
+
+def _tool_id(item: tuple[Tool, Decision]) -> str:
+    return item[0].id
 
 
 def _encode(tool_id: str) -> str:
