@@ -168,15 +168,11 @@ def _approve(
 ) -> None:
     if args is not None and args != approval.args:
         _apply_edit(approval, args)
-    Vote.objects.update_or_create(
-        approval=approval,
-        user=user,
-        defaults={
-            "decision": Vote.Decision.APPROVE,
-            "bound_hash": approval.bound_hash,
-            "reason": reason,
-        },
-    )
+    # The approval's row is locked: one decision of this operator at a time, so an update
+    # that finds no vote can create it without update_or_create's lock and savepoints.
+    vote = {"decision": Vote.Decision.APPROVE, "bound_hash": approval.bound_hash, "reason": reason}
+    if not Vote.objects.filter(approval=approval, user=user).update(**vote):
+        Vote.objects.create(approval=approval, user=user, **vote)
     # One approval required (the usual case): the vote just written is it.
     given = 1
     if approval.approvals_required > 1:
@@ -231,7 +227,7 @@ def _close(
     approval.decided_by = user
     approval.decided_at = timezone.now()
     approval.decision_reason = reason[:1000]
-    approval.save()
+    approval.save(update_fields=CLOSED_FIELDS)
     who = decided_by or (user.get_username() if user else None)
     receipts.sign_decision(approval, who)  # issue 48: who voted what, signed
     events.emit(
@@ -247,6 +243,17 @@ def _close(
         argsEdited=bool(approval.args_diff),
     )
 
+
+# What a decision writes: its outcome, and the arguments an approval may have edited.
+CLOSED_FIELDS = [
+    "status",
+    "decided_by",
+    "decided_at",
+    "decision_reason",
+    "args",
+    "args_diff",
+    "bound_hash",
+]
 
 _DECISION_WORD = {
     ApprovalStatus.APPROVED: "approve",

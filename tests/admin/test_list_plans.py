@@ -27,6 +27,7 @@ from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations.models import InvocationRecord, RunEvent
 from apps.tenants.models import Tenant
 from apps.tools.models import Tool
+from tests.admin.support import queries_per_page_size
 from tests.support.times import own_times
 
 pytestmark = pytest.mark.django_db
@@ -288,16 +289,7 @@ def test_a_page_takes_as_many_queries_with_more_rows(root) -> None:
         (EVENTS, RunEventAdmin),
         (APPROVALS, ApprovalRequestAdmin),
     ):
-        counts = []
-        for per_page in (10, 100):
-            model_admin.list_per_page = per_page
-            try:
-                root.get(path)  # warm
-                with CaptureQueriesContext(connection) as queries:
-                    assert root.get(path).status_code == 200
-            finally:
-                model_admin.list_per_page = 100
-            counts.append(len(queries))
+        counts = queries_per_page_size(root, path, model_admin)
         assert counts[0] == counts[1], (path, counts)
 
 

@@ -26,13 +26,14 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from apps.invocations import concurrency, result_cache, stats
 from toolhub.layers.redis_layer import GROUP_KINDS, dropped_counts
+from toolhub.ops import exposition
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     # The classic text format (0.0.4): what every Prometheus version and agent scrapes.
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
+    return HttpResponse(exposition.text(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 def _allowed(request: HttpRequest) -> bool:
