@@ -4,10 +4,11 @@ Django's `items_for_result` (django/contrib/admin/templatetags/admin_list.py) re
 cell at a time and redoes per cell what holds for the whole page: the admin's empty
 value, the boolean icons' static URLs (a storage lookup each), the row's change URL
 (`reverse` and the preserved filters per row), a field's choices as a dict, the date
-format (parsed per date), and a `format_html` per cell: 60-110 ms of CPU for a page of a hundred rows. `result_list`
-here gives the `change_list_results.html` template the same context with the same markup
-(tests/admin/test_fast_list.py compares it with Django's for every registered admin); it
-is used for every changelist (templates/admin/change_list.html).
+format (parsed per date), and a `format_html` per cell: 60-110 ms of CPU for a page of a
+hundred rows. `result_list` here gives the `change_list_results.html` template the same
+context with the same markup (tests/admin/test_fast_list.py compares it with Django's
+for every registered admin); it is used for every changelist
+(templates/admin/change_list.html).
 """
 
 from __future__ import annotations
