@@ -29,7 +29,7 @@ from tests.conftest import Agent, allow
 from tests.support import limited_tools
 from tests.support.limited_tools import GATE, GATED, NOOP, STUBBORN, STUBBORN_ID
 from tests.support.threads import start_thread
-from toolhub.ops import metrics
+from toolhub.ops import exposition, metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,9 +284,7 @@ def test_metrics_show_slots_in_use_and_refusals(limited):
 
     families = {
         family.name: family.samples
-        for family in text_string_to_metric_families(
-            metrics.generate_latest(metrics.registry).decode()
-        )
+        for family in text_string_to_metric_families(exposition.text(metrics.registry).decode())
     }
     in_use = {
         (s.labels["tenant"], s.labels["tool"]): s.value
