@@ -79,6 +79,9 @@ def daphne(
         "TOOLHUB_EXTRA_TOOL_MODULES": "tests.support.tools",
         "TOOLHUB_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "TOOLHUB_SECRET_KEY": os.environ.get("TOOLHUB_SECRET_KEY") or "x" * 50,
+        # Each output line reaches the file as it is written: tests read Daphne's access
+        # lines (stdout, block-buffered into a file otherwise: seconds late under load).
+        "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
     }
     daphne_bin = Path(sys.executable).with_name("daphne")
