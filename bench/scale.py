@@ -562,6 +562,32 @@ def build_catalog(world: World, tools: int, rules: int) -> dict[str, Any]:
 # ------------------------------------------------------------------ measuring
 
 
+@contextmanager
+def server_loop() -> Iterator[None]:
+    """A running event loop that this process's channel-layer sends are handed to, as they
+    are to Daphne's loop when deployed (apps.invocations.events._group_send: a request's
+    thread hands its pushes to the server's loop). Without one, each push made here
+    would start and close an event loop of its own, a cost no deployed request pays."""
+    import asyncio
+    import threading
+
+    from apps.invocations.events import remember_server_loop
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="bench-server-loop", daemon=True)
+    thread.start()
+
+    async def remember() -> None:
+        remember_server_loop()
+
+    asyncio.run_coroutine_threadsafe(remember(), loop).result(timeout=10)
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
 def measure(
     world: World, samples: int, deep: int, explain: bool, idle: float = 0.0
 ) -> dict[str, Any]:
@@ -1073,9 +1099,10 @@ def main() -> None:
         for level in levels:
             built = grow(world, level, args.run_calls, args.builder)
             say(f"\n== {level:,} records ({args.database}); build {built}")
-            figures = measure(
-                world, args.samples, args.deep, explain=level == levels[-1], idle=args.idle
-            )
+            with server_loop():
+                figures = measure(
+                    world, args.samples, args.deep, explain=level == levels[-1], idle=args.idle
+                )
             figures["build"] = built
             empty = empty or figures
             report["levels"][str(level)] = figures

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from apps.approvals import tasks
 from apps.approvals.models import ApprovalRequest, ApprovalStatus, Vote
-from apps.invocations import events, runner
-from apps.invocations.models import ErrorCode, Status
+from apps.invocations import combined, events, runner, statements
+from apps.invocations.models import ErrorCode, InvocationRecord, Status
 from apps.invocations.requests import MAX_ARGS_BYTES
 from apps.policies.policy import Evaluator
 from apps.receipts import signing as receipts
@@ -52,14 +52,15 @@ class InvalidEdit(DecisionError):
     status_code = 400
 
 
-def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
+def _locked(approval_id: Any, user: User | None, *, with_call: bool = True) -> ApprovalRequest:
+    """The approval, locked, with its tool and tenant, and with its call's record and
+    requester unless `with_call` is False (an approval writes the record's status alone)."""
     # of=("self",): lock the approval row only. Without it PostgreSQL also locks the
     # joined tenant, tool, record and user rows, and a concurrent event insert (which
     # key-share-locks the tenant) deadlocks with the decision's own event on the run.
     # On SQLite, IMMEDIATE transactions serialize writers, with the same outcome.
-    query = ApprovalRequest.objects.select_for_update(of=("self",)).select_related(
-        "tool", "tenant", "invocation", "requested_by"
-    )
+    related = ("tool", "tenant", "invocation", "requested_by") if with_call else ("tool", "tenant")
+    query = ApprovalRequest.objects.select_for_update(of=("self",)).select_related(*related)
     if user is not None:
         query = query.filter(pk__in=ApprovalRequest.objects.visible_to(user).values("pk"))
     approval = query.filter(pk=approval_id).first()
@@ -69,11 +70,11 @@ def _locked(approval_id: Any, user: User | None) -> ApprovalRequest:
 
 
 def expire_if_overdue(approval_id: Any) -> bool:
-    """Move an overdue pending request to expired (never executed); True if it did.
+    """Move an overdue pending request to expired (never executed); True if it did (the
+    sweeper's pass).
 
     Whether it is overdue is read first without a lock (on SQLite a locking read is a
-    write transaction, and a decision on a request in time, the usual case, needs none);
-    an overdue one is checked again under the lock."""
+    write transaction); an overdue one is checked again under the lock."""
     try:
         overdue = ApprovalRequest.objects.filter(
             pk=approval_id, status=ApprovalStatus.PENDING, expires_at__lte=timezone.now()
@@ -83,15 +84,20 @@ def expire_if_overdue(approval_id: Any) -> bool:
     if not overdue:
         return False
     with transaction.atomic():
-        approval = _locked(approval_id, None)
-        if not approval.is_expired:
-            return False
-        _close(approval, ApprovalStatus.EXPIRED, None, "The approval request expired.")
-        runner.end_held(
-            approval,
-            ErrorCode.APPROVAL_EXPIRED,
-            "Nobody decided on this call in time; it did not run.",
-        )
+        return _expired(_locked(approval_id, None))
+
+
+def _expired(approval: ApprovalRequest) -> bool:
+    """A locked request still pending past its expiry is expired now, its call ended (it
+    never runs); True if it was."""
+    if approval.status != ApprovalStatus.PENDING or not approval.is_expired:
+        return False
+    _close(approval, ApprovalStatus.EXPIRED, None, "The approval request expired.")
+    runner.end_held(
+        approval,
+        ErrorCode.APPROVAL_EXPIRED,
+        "Nobody decided on this call in time; it did not run.",
+    )
     return True
 
 
@@ -104,42 +110,61 @@ def decide(
 ) -> ApprovalRequest:
     """Approve or reject; `args` approves edited arguments. First decision wins.
 
-    An overdue request is expired first, in its own transaction: the expiry (and its
-    call's end) commits although this decision then fails with AlreadyDecided, so a
-    late approval never runs the call."""
-    expire_if_overdue_safely(approval_id)
+    An overdue request is expired instead: the expiry (and its call's end) commits and the
+    decision fails with AlreadyDecided, so a late approval never runs the call. The
+    answer is the request as committed, with `approvals_given` counted."""
     with transaction.atomic():
-        approval = _locked(approval_id, user)
-        if approval.status != ApprovalStatus.PENDING:
-            raise AlreadyDecided(f"This request is already {approval.status}.")
-        if not can_decide(user, approval.tool, approval.tenant_id):
-            raise NotAllowed(f"You may not decide calls of {approval.tool_id} (decide_approval).")
-        if approval.four_eyes and _is_requester(user, approval):
-            raise NotAllowed("Four-eyes rule: you cannot approve or reject your own call.")
-        if decision == "reject":
-            _reject(approval, user, reason)
-        elif decision == "approve":
-            _approve(approval, user, reason, args)
-        else:
-            raise InvalidEdit("decision must be approve or reject")
+        # An approval (the usual decision) needs none of its call's record but its key.
+        approval = _locked(approval_id, user, with_call=decision != "approve")
+        expired = _expired(approval)
+        if not expired:
+            _decide_locked(approval, user, decision, reason, args)
+    if expired:  # raised once the expiry has committed
+        raise AlreadyDecided(f"This request is already {approval.status}.")
     return approval
 
 
 def expire_if_overdue_safely(approval_id: Any) -> None:
-    # An unknown id is reported by the decision itself, with the user's view of it.
+    """Expire the request if it is overdue (a page about it shows it as it is); an unknown
+    id is reported by whoever asked, with the user's view of it."""
     with contextlib.suppress(NotFound):
         expire_if_overdue(approval_id)
 
 
+def _decide_locked(
+    approval: ApprovalRequest,
+    user: User,
+    decision: str,
+    reason: str,
+    args: dict[str, Any] | None,
+) -> None:
+    if approval.status != ApprovalStatus.PENDING:
+        raise AlreadyDecided(f"This request is already {approval.status}.")
+    if not can_decide(user, approval.tool, approval.tenant_id):
+        raise NotAllowed(f"You may not decide calls of {approval.tool_id} (decide_approval).")
+    if approval.four_eyes and _is_requester(user, approval):
+        raise NotAllowed("Four-eyes rule: you cannot approve or reject your own call.")
+    if decision == "reject":
+        _reject(approval, user, reason)
+    elif decision == "approve":
+        _approve(approval, user, reason, args)
+    else:
+        raise InvalidEdit("decision must be approve or reject")
+
+
 def cancel(approval_id: Any, *, by: str, user: User | None) -> ApprovalRequest:
-    """Cancel a call that has not started: pending or approved-but-queued."""
-    expire_if_overdue_safely(approval_id)
+    """Cancel a call that has not started: pending or approved-but-queued. An overdue
+    pending one is expired instead (committed; the cancel fails with AlreadyDecided)."""
     with transaction.atomic():
         approval = _locked(approval_id, user)
-        if approval.status not in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED):
-            raise AlreadyDecided(f"This call cannot be cancelled: it is {approval.status}.")
-        _close(approval, ApprovalStatus.CANCELLED, user, f"Cancelled by {by}.", decided_by=by)
-        runner.end_held(approval, ErrorCode.CANCELLED, f"The call was cancelled by {by}.")
+        expired = _expired(approval)
+        if not expired:
+            if approval.status not in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED):
+                raise AlreadyDecided(f"This call cannot be cancelled: it is {approval.status}.")
+            _close(approval, ApprovalStatus.CANCELLED, user, f"Cancelled by {by}.", decided_by=by)
+            runner.end_held(approval, ErrorCode.CANCELLED, f"The call was cancelled by {by}.")
+    if expired:
+        raise AlreadyDecided(f"This call cannot be cancelled: it is {approval.status}.")
     return approval
 
 
@@ -151,14 +176,20 @@ def _is_requester(user: User, approval: ApprovalRequest) -> bool:
 
 def _reject(approval: ApprovalRequest, user: User, reason: str) -> None:
     reason = reason.strip() or "Rejected by an operator."
-    Vote.objects.create(
+    vote = Vote(
         approval=approval,
         user=user,
         decision=Vote.Decision.REJECT,
         bound_hash=approval.bound_hash,
         reason=reason,
     )
-    _close(approval, ApprovalStatus.REJECTED, user, reason)
+    if approval.approvals_required > 1:  # earlier approvals toward the quorum stay counted
+        vote.save()
+        _close(approval, ApprovalStatus.REJECTED, user, reason)
+        approval.approvals_given = approval.votes.filter(decision=Vote.Decision.APPROVE).count()
+    else:  # one approval required: nobody voted before (any vote decides), this is the only
+        _close(approval, ApprovalStatus.REJECTED, user, reason, vote=vote)
+        approval.approvals_given = 0
     # The reason reaches the caller and the model as the tool result's safeMessage.
     runner.end_held(approval, ErrorCode.APPROVAL_REJECTED, reason[:1000])
 
@@ -168,24 +199,37 @@ def _approve(
 ) -> None:
     if args is not None and args != approval.args:
         _apply_edit(approval, args)
-    # The approval's row is locked: one decision of this operator at a time, so an update
-    # that finds no vote can create it without update_or_create's lock and savepoints.
-    vote = {"decision": Vote.Decision.APPROVE, "bound_hash": approval.bound_hash, "reason": reason}
-    if not Vote.objects.filter(approval=approval, user=user).update(**vote):
-        Vote.objects.create(approval=approval, user=user, **vote)
-    # One approval required (the usual case): the vote just written is it.
-    given = 1
-    if approval.approvals_required > 1:
+    vote = Vote(
+        approval=approval,
+        user=user,
+        decision=Vote.Decision.APPROVE,
+        bound_hash=approval.bound_hash,
+        reason=reason,
+    )
+    # What an approval writes of its call's record: its status.
+    record = InvocationRecord(pk=approval.invocation_id)
+    record._state.adding, record._state.db = False, approval._state.db
+    if approval.approvals_required == 1:
+        # The usual case: nobody voted before (any vote decides), and this vote is the
+        # quorum. The vote is written with the decision's other rows (_close).
+        record.status = Status.QUEUED
+        _close(approval, ApprovalStatus.APPROVED, user, reason.strip(), vote=vote, queued=record)
+        approval.approvals_given = 1
+    else:
+        # The approval's row is locked: one decision of this operator at a time, so an
+        # update that finds no vote can insert it without update_or_create's savepoints.
+        written = {"decision": vote.decision, "bound_hash": vote.bound_hash, "reason": reason}
+        if not Vote.objects.filter(approval=approval, user=user).update(**written):
+            vote.save()
         given = approval.votes.filter(
             decision=Vote.Decision.APPROVE, bound_hash=approval.bound_hash
         ).count()
-    if given < approval.approvals_required:
-        approval.save()
-        return  # the quorum is not reached yet; the request stays pending
-    _close(approval, ApprovalStatus.APPROVED, user, reason.strip())
-    record = approval.invocation
-    record.status = Status.QUEUED
-    record.save(update_fields=["status"])
+        approval.approvals_given = given
+        if given < approval.approvals_required:
+            approval.save()
+            return  # the quorum is not reached yet; the request stays pending
+        record.status = Status.QUEUED
+        _close(approval, ApprovalStatus.APPROVED, user, reason.strip(), queued=record)
     # Same transaction as the approval: the queue entry exists iff the approval does.
     tasks.run_approved_call.enqueue(str(approval.pk))
 
@@ -222,30 +266,55 @@ def _close(
     user: User | None,
     reason: str,
     decided_by: str | None = None,
+    *,
+    vote: Vote | None = None,
+    queued: InvocationRecord | None = None,
 ) -> None:
+    """Write the decision: the request's outcome, its signed receipt, its
+    `approval_decided` event, and with them `vote` (an unsaved vote that is the request's
+    only one) and the `queued` record's status. On PostgreSQL one statement
+    (apps.invocations.combined), else the statements one by one."""
     approval.status = status
     approval.decided_by = user
     approval.decided_at = timezone.now()
     approval.decision_reason = reason[:1000]
-    approval.save(update_fields=CLOSED_FIELDS)
     who = decided_by or (user.get_username() if user else None)
-    receipts.sign_decision(approval, who)  # issue 48: who voted what, signed
-    events.emit(
-        approval.tenant,
-        approval.run_id,
+    # issue 48: who voted what, signed
+    receipt = receipts.decision_receipt(approval, who, None if vote is None else [vote])
+    event = events.Event(
         "approval_decided",
-        tool_call_id=approval.tool_call_id,
-        tool_id=approval.tool_id,
-        approvalId=str(approval.pk),
-        decision=_DECISION_WORD[status],
-        decidedBy=who,
-        reason=approval.decision_reason,
-        argsEdited=bool(approval.args_diff),
+        approval.tool_call_id,
+        approval.tool_id,
+        {
+            "approvalId": str(approval.pk),
+            "decision": _DECISION_WORD[status],
+            "decidedBy": who,
+            "reason": approval.decision_reason,
+            "argsEdited": bool(approval.args_diff),
+        },
     )
+    inserts: list[Any] = [vote] if vote is not None else []
+    updates: list[tuple[Any, tuple[str, ...]]] = [(approval, CLOSED_FIELDS)]
+    if queued is not None:
+        updates.append((queued, ("status",)))
+    using = approval._state.db or "default"
+    if combined.available(using) and combined.record(
+        using,
+        [*inserts, receipt],
+        updates,
+        [combined.Pending(approval.tenant, approval.run_id, event, needs_claim=False)],
+    ):
+        return
+    if inserts:
+        statements.insert(inserts, using)
+    for row, fields in updates:
+        statements.update(row, fields)
+    statements.insert([receipt], using)
+    events.emit_many(approval.tenant, approval.run_id, [event])
 
 
 # What a decision writes: its outcome, and the arguments an approval may have edited.
-CLOSED_FIELDS = [
+CLOSED_FIELDS = (
     "status",
     "decided_by",
     "decided_at",
@@ -253,7 +322,7 @@ CLOSED_FIELDS = [
     "args",
     "args_diff",
     "bound_hash",
-]
+)
 
 _DECISION_WORD = {
     ApprovalStatus.APPROVED: "approve",

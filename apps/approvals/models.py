@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -220,8 +221,9 @@ class ApprovalRequest(models.Model):
     def seconds_left(self) -> int:
         return max(0, int((self.expires_at - timezone.now()).total_seconds()))
 
-    @property
+    @cached_property
     def approvals_given(self) -> int:
+        """Approving votes so far (a decision sets it as it counts them)."""
         return self.votes.filter(decision=Vote.Decision.APPROVE).count()
 
 
@@ -239,7 +241,8 @@ class Vote(models.Model):
     decision = models.CharField(max_length=8, choices=Decision.choices)
     bound_hash = models.CharField(max_length=64)
     reason = models.CharField(max_length=1000, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set as the vote is made, not as it is written: the decision's receipt signs it first.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["created_at"]

@@ -11,7 +11,7 @@ from apps.receipts.body import Facts, call_body, canonical, decision_body
 from apps.receipts.models import DecisionReceipt
 
 if TYPE_CHECKING:
-    from apps.approvals.models import ApprovalRequest
+    from apps.approvals.models import ApprovalRequest, Vote
     from apps.invocations.models import InvocationRecord
 
 
@@ -22,11 +22,13 @@ def sign_call(record: InvocationRecord, facts: Facts, signer: keys.Signer | None
     return signer.sign(canonical(call_body(record, facts, timezone.now())))
 
 
-def sign_decision(approval: ApprovalRequest, decided_by: str | None) -> DecisionReceipt:
-    """Sign and store a held call's decision, in the decision's transaction (a human's
-    action: one query for the votes and one insert are nothing beside it)."""
-    votes = list(approval.votes.select_related("user").order_by("created_at", "pk"))
+def decision_receipt(
+    approval: ApprovalRequest, decided_by: str | None, votes: list[Vote] | None = None
+) -> DecisionReceipt:
+    """A held call's decision receipt, signed and not saved yet: the decision writes it in
+    its own transaction, with its other rows. `votes`: every vote of the request, when
+    the decision knows them (its one vote); else they are read."""
+    if votes is None:
+        votes = list(approval.votes.select_related("user").order_by("created_at", "pk"))
     body = decision_body(approval, votes, decided_by, timezone.now())
-    return DecisionReceipt.objects.create(
-        approval=approval, receipt=keys.signer().sign(canonical(body))
-    )
+    return DecisionReceipt(approval=approval, receipt=keys.signer().sign(canonical(body)))

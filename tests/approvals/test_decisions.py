@@ -350,12 +350,19 @@ def test_deciding_an_overdue_request_expires_it_instead(caller, operator):
     assert (decided["type"], decided["decision"]) == ("approval_decided", "expire")
 
 
-def test_a_decision_in_time_opens_one_transaction_and_reads_its_answer_at_once(caller, operator):
-    """The usual decision: whether the request is overdue is an unlocked read (no write
-    transaction of its own), the decision one transaction, and the answer one read of the
-    approval with its tool and decider."""
+def test_a_decision_in_time_is_one_transaction_and_answers_from_what_it_wrote(caller, operator):
+    """The usual decision: the approval is locked and read once (no read of whether it is
+    overdue first), its votes are not counted (one approval required: this vote decides),
+    nothing is read again for the answer, and on PostgreSQL the vote, the request, its
+    receipt, the record's status and the approval_decided event are one statement. What
+    it wrote is what the answer, the receipt and the stream say."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+    from toolhub_client import verify_receipt
+
+    from apps.receipts.keys import instant
+    from apps.receipts.models import DecisionReceipt
+    from tests.receipts.support import published_keys
 
     _, approval = hold(caller, CONFIRM, runId="run-in-time")
     client = logged_in(operator)
@@ -369,13 +376,72 @@ def test_a_decision_in_time_opens_one_transaction_and_reads_its_answer_at_once(c
         operator.get_username(),
     )
     statements = [q["sql"] for q in queries.captured_queries]
-    begins = [sql for sql in statements if sql.startswith(("BEGIN", "SAVEPOINT"))]
-    if connection.vendor == "sqlite":
-        assert sum(sql.startswith("BEGIN") for sql in statements) == 1, statements
-    # Votes are counted once, for the answer's approvalsGiven (one approval required: the
-    # decision itself needs no count).
-    assert sum("COUNT(" in sql and "approvals_vote" in sql for sql in statements) == 1
-    assert len(statements) <= 26, (len(statements), begins)
+    commit = next(n for n, sql in enumerate(statements) if sql.startswith("COMMIT"))
+    assert sum(sql.startswith(("BEGIN", "SAVEPOINT")) for sql in statements) == 1, statements
+    read = [sql for sql in statements if sql.startswith("SELECT") and "approvalrequest" in sql]
+    assert len(read) == 1, read  # the locked read, and nothing else
+    assert "FOR UPDATE" in read[0] or connection.vendor == "sqlite"  # BEGIN IMMEDIATE there
+    assert not any("COUNT(" in sql for sql in statements), statements
+    assert not any("approvals_" in sql for sql in statements[commit + 1 :]), statements
+    writes = ("approvals_vote", "approvals_approvalrequest", "receipts_decisionreceipt")
+    writes += ("invocations_invocationrecord", "invocations_runevent")
+    if connection.vendor == "postgresql":
+        [combined] = [sql for sql in statements if sql.startswith("WITH")]
+        assert all(f'"{table}"' in combined for table in writes), combined
+    else:
+        assert all(any(f'"{table}"' in sql for sql in statements) for table in writes)
+
+    approval.refresh_from_db()
+    vote = approval.votes.get()
+    assert (approval.status, approval.decided_by, vote.user) == ("approved", operator, operator)
+    assert record_of(approval).status == "queued"
+    signed = verify_receipt(
+        DecisionReceipt.objects.get(approval=approval).receipt, published_keys()
+    )
+    assert signed["votes"] == [
+        {
+            "user": operator.get_username(),
+            "userId": operator.pk,
+            "vote": "approve",
+            "boundHash": approval.bound_hash,
+            "at": instant(vote.created_at),  # the vote as stored is the vote as signed
+        }
+    ]
+    assert signed["decidedAt"] == instant(approval.decided_at)
+    decided = [
+        event
+        for event in events(caller.tenant, "run-in-time")
+        if event["type"] == "approval_decided"
+    ]
+    assert [(event["decision"], event["decidedBy"]) for event in decided] == [
+        ("approve", operator.get_username())
+    ]
+    assert body["decidedAt"] is not None and len(queue_entries(approval)) == 1
+
+
+def test_a_reject_writes_the_same_rows_as_an_approval_and_counts_no_vote(caller, operator):
+    """A rejection of a call that needs one approval: its vote is the only one (written with
+    the request, the receipt and the event), the answer gives 0 approvals, and the call
+    ends with the reason without a read of the votes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, approval = hold(caller, CONFIRM, runId="run-rejected")
+    client = logged_in(operator)
+    with CaptureQueriesContext(connection) as queries:
+        response = post_decision(client, approval.pk, decision="reject", reason="Not today.")
+    assert response.status_code == 200, response.content
+    assert (response.json()["status"], response.json()["approvalsGiven"]) == ("rejected", 0)
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not any("COUNT(" in sql or 'FROM "approvals_vote"' in sql for sql in statements)
+    approval.refresh_from_db()
+    assert [(v.user, v.decision, v.reason) for v in approval.votes.all()] == [
+        (operator, "reject", "Not today.")
+    ]
+    assert record_of(approval).error_code == "approval_rejected"
+    types = [e["type"] for e in events(caller.tenant, "run-rejected")]
+    assert types[-1] == "tool_call_result" and types.count("approval_decided") == 1, types
+    assert types.index("approval_decided") < types.index("tool_call_result"), types
 
 
 def test_a_policys_approval_timeout_sets_the_expiry(caller):

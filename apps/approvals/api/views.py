@@ -110,6 +110,5 @@ class DecisionView(APIView):
             approval = decisions.decide(approval_id, user, body.decision, body.reason, body.args)
         except decisions.DecisionError as exc:
             return Response({"detail": str(exc)}, status=exc.status_code)
-        # As committed, with what the answer shows of its tool and decider in one read.
-        decided = ApprovalRequest.objects.select_related("tool", "decided_by")
-        return Response(ApprovalSerializer(decided.get(pk=approval.pk)).data)
+        # As committed: the decision read the tool, set the decider and counted the votes.
+        return Response(ApprovalSerializer(approval).data)
