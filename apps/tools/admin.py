@@ -5,7 +5,6 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import ActionLocation
-from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -85,8 +84,10 @@ class ToolForm(forms.ModelForm):
 class ToolAdmin(TenantScopedGuardedAdmin):
     """The catalog is global: everyone sees every tool, only superusers change or remove one.
 
-    `enabled` switches a tool for every tenant, so tenant staff see it read-only; what they
-    manage here is their own users' and groups' permissions on a tool (execute_tool,
+    `enabled` switches a tool for every tenant: superusers switch it on the tool's page or
+    with the "Enable/Disable selected tools" actions, tenant staff see it read-only (the
+    list has no editable column: a hundred forms were most of a page's cost, issue 45);
+    what they manage here is their own users' and groups' permissions on a tool (execute_tool,
     decide_approval), which the guardian pages limit to their tenants.
     """
 
@@ -100,7 +101,6 @@ class ToolAdmin(TenantScopedGuardedAdmin):
         "source",
         "available",
     )
-    list_editable = ("enabled",)
     form = ToolForm
     actions = ("enable_tools", "disable_tools", "forget_remembered_keys")
     # Extends guardian's change form with the "used by these policies" list.
@@ -129,12 +129,6 @@ class ToolAdmin(TenantScopedGuardedAdmin):
 
     def in_scope(self, request: HttpRequest, obj: Any) -> bool:
         return True
-
-    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
-        changelist = super().get_changelist_instance(request)
-        if not is_superuser(request.user):
-            changelist.list_editable = ()  # `enabled` is global
-        return changelist
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tools come from code or MCP discovery, not from a form
