@@ -37,6 +37,7 @@ class VoteInline(ScopedChoicesMixin, admin.TabularInline[Vote, ApprovalRequest])
 class ApprovalRequestAdmin(TenantScopedAdmin):
     """Listed here too; the approve and reject actions go through the same decision code."""
 
+    lean_list = True  # its columns read no JSON
     list_display = (
         "created_at",
         "tool",

@@ -39,6 +39,7 @@ class InvocationRecordAdmin(TenantScopedAdmin):
     its run's timeline and events, its approval, its policy and its connection.
     """
 
+    lean_list = True  # its columns read no JSON
     list_display = (
         "created_at",
         "tool_ref",
@@ -175,6 +176,7 @@ class InvocationRecordAdmin(TenantScopedAdmin):
 class RunEventAdmin(TenantScopedAdmin):
     """Events are evidence too: readable, never editable or deletable, even by superusers."""
 
+    lean_list = True  # its columns read no JSON
     list_display = (
         "at",
         "run_id",

@@ -22,6 +22,7 @@ from django.contrib.admin.filters import RelatedOnlyFieldListFilter
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import BaseModelAdmin
 from django.contrib.admin.utils import NotRelationField, get_fields_from_path, unquote
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
@@ -48,6 +49,7 @@ from apps.tenants.principals import people
 from apps.tenants.roles import ROLE_GOVERNED
 from apps.tenants.scoping import is_superuser, staff_tenants, visible_groups, visible_users
 from toolhub.web.fast_inputs import speed_up
+from toolhub.web.fast_list import LeanChangeList
 from toolhub.web.json_input import JSONFormField
 from toolhub.web.paging import CappedCountPaginator
 
@@ -107,6 +109,12 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
     exact_search_only = False
     # exact_search_only fields whose index leads with the tenant (see `exact_match`).
     searched_per_tenant: tuple[str, ...] = ()
+    # The list reads none of the JSON columns it does not show (toolhub.web.fast_list.
+    # LeanChangeList): for admins whose list displays read no JSON column.
+    lean_list = False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LeanChangeList if self.lean_list else super().get_changelist(request, **kwargs)
 
     def action_checkbox(self, obj: Any) -> SafeString:
         """Django's row checkbox (`ModelAdmin.action_checkbox`, its CheckboxInput through

@@ -92,6 +92,7 @@ class ToolAdmin(TenantScopedGuardedAdmin):
     """
 
     # `enabled` right after the id: at 1280 px the last columns are off screen.
+    lean_list = True  # its columns read no JSON
     list_display = (
         "id",
         "enabled",

@@ -181,3 +181,36 @@ def test_the_tools_page_takes_as_many_queries_with_more_rows(
     """As the history lists (test_list_plans): no query per row."""
     counts = queries_per_page_size(root_client, "/admin/tools/tool/", ToolAdmin)
     assert counts[0] == counts[1], counts
+
+
+def test_lean_lists_read_no_json_column(world: World, root_client: Client) -> None:
+    """Records, events, approvals and tools are listed without their JSON columns (and
+    the approvals without their tools' schemas): none is shown, and a page of a hundred
+    records decoded a hundred arguments and results only to drop them."""
+    from django.db import connection
+    from django.db.models import JSONField
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.approvals.models import ApprovalRequest
+    from apps.invocations.models import RunEvent
+
+    def json_columns(model: Any) -> list[str]:
+        table = model._meta.db_table
+        return [
+            f'"{table}"."{field.column}"'
+            for field in model._meta.concrete_fields
+            if isinstance(field, JSONField)
+        ]
+
+    for model in (InvocationRecord, RunEvent, ApprovalRequest, Tool):
+        assert getattr(admin.site._registry[model], "lean_list", False)
+        table = model._meta.db_table
+        with CaptureQueriesContext(connection) as queries:
+            assert root_client.get(changelist(model)).status_code == 200
+        [page] = [
+            q["sql"] for q in queries.captured_queries if q["sql"].startswith(f'SELECT "{table}"."')
+        ]
+        unread = json_columns(model) + (json_columns(Tool) if model is ApprovalRequest else [])
+        assert unread and not [column for column in unread if column in page], page
+        if model is ApprovalRequest:
+            assert '"tools_tool"."id"' in page  # the tool is still joined, for its name

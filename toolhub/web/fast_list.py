@@ -296,3 +296,36 @@ def result_list(cl: ChangeList) -> dict[str, Any]:
         "num_sorted_fields": sum(1 for h in headers if h["sortable"] and h["sorted"]),
         "results": results(cl),
     }
+
+
+class LeanChangeList(ChangeList):
+    """Django's ChangeList, reading no JSON column the list does not show, of its rows or
+    of the rows joined to them: a page of records, events or approvals decoded a hundred
+    rows' arguments, results and messages (and their tools' schemas) only to drop them
+    (issue 45: with building those rows, a third of a page). For an admin whose list
+    displays touch no JSON column (`TenantScopedAdmin.lean_list`): a display that read one
+    would cost a query a row."""
+
+    def get_queryset(self, request: Any, exclude_parameters: Any = None) -> Any:
+        qs = super().get_queryset(request, exclude_parameters)
+        shown = {name for name in self.list_display if isinstance(name, str)}
+        return qs.defer(*unshown_json(self.model, shown, qs.query.select_related))
+
+
+def unshown_json(model: type[models.Model], shown: set[str], joined: Any) -> list[str]:
+    """The JSON columns of `model` not in `shown`, and those of the models `joined` (a
+    query's select_related: field names, one level) as `name__column`."""
+    names = [
+        field.name
+        for field in model._meta.concrete_fields
+        if isinstance(field, models.JSONField) and field.name not in shown
+    ]
+    for name in joined if isinstance(joined, dict) else ():
+        related = model._meta.get_field(name).related_model
+        if isinstance(related, type):
+            names += [
+                f"{name}__{field.name}"
+                for field in related._meta.concrete_fields
+                if isinstance(field, models.JSONField)
+            ]
+    return names
