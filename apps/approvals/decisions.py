@@ -174,15 +174,20 @@ def _is_requester(user: User, approval: ApprovalRequest) -> bool:
     )
 
 
-def _reject(approval: ApprovalRequest, user: User, reason: str) -> None:
-    reason = reason.strip() or "Rejected by an operator."
-    vote = Vote(
+def _vote(approval: ApprovalRequest, user: User, decision: str, reason: str) -> Vote:
+    """This operator's vote on the approval's arguments as they are now (not saved)."""
+    return Vote(
         approval=approval,
         user=user,
-        decision=Vote.Decision.REJECT,
+        decision=decision,
         bound_hash=approval.bound_hash,
         reason=reason,
     )
+
+
+def _reject(approval: ApprovalRequest, user: User, reason: str) -> None:
+    reason = reason.strip() or "Rejected by an operator."
+    vote = _vote(approval, user, Vote.Decision.REJECT, reason)
     if approval.approvals_required > 1:  # earlier approvals toward the quorum stay counted
         vote.save()
         _close(approval, ApprovalStatus.REJECTED, user, reason)
@@ -199,13 +204,7 @@ def _approve(
 ) -> None:
     if args is not None and args != approval.args:
         _apply_edit(approval, args)
-    vote = Vote(
-        approval=approval,
-        user=user,
-        decision=Vote.Decision.APPROVE,
-        bound_hash=approval.bound_hash,
-        reason=reason,
-    )
+    vote = _vote(approval, user, Vote.Decision.APPROVE, reason)
     # What an approval writes of its call's record: its status.
     record = InvocationRecord(pk=approval.invocation_id)
     record._state.adding, record._state.db = False, approval._state.db
