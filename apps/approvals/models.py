@@ -203,6 +203,9 @@ class ApprovalRequest(models.Model):
                 condition=models.Q(status="approved"),
                 name="approvals_approved_idx",
             ),
+            # The overview's waiting approvals over its window: those not decided (NULL)
+            # and those decided since the window began, not every approval ever made.
+            models.Index(fields=["decided_at"], name="approvals_decided_idx"),
             models.Index(
                 fields=["claimed_at"],
                 condition=models.Q(status="executing"),

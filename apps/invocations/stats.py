@@ -181,10 +181,14 @@ def pending_over_time(tenants: QuerySet[Tenant], slots: list[datetime]) -> list[
     if not slots:
         return []
     window_start = slots[0]
-    spans = ApprovalRequest.objects.filter(
-        tenant__in=tenants.values("pk"), created_at__lt=slots[-1] + timedelta(minutes=1)
-    ).filter(Q(decided_at__isnull=True) | Q(decided_at__gte=window_start))
-    pairs = list(spans.values_list("created_at", "decided_at")[:LATENCY_SAMPLE])
+    # Found by when they were decided (approvals_decided_idx); when they were created is
+    # compared below (none is created after the window, which ends with this minute).
+    spans = ApprovalRequest.objects.filter(tenant__in=tenants.values("pk")).filter(
+        Q(decided_at__isnull=True) | Q(decided_at__gte=window_start)
+    )
+    # Unordered: ordered newest first (the model's ordering), a planner may walk every
+    # approval by approvals_newest_idx rather than read these few by approvals_decided_idx.
+    pairs = list(spans.order_by().values_list("created_at", "decided_at")[:LATENCY_SAMPLE])
     now = timezone.now()
     points = []
     for slot in slots:

@@ -304,3 +304,23 @@ def test_the_sweeper_walks_neither_newest_index(history) -> None:
     for sql in reads:
         found = plan(sql, as_if_large=False)
         assert "newest_idx" not in found, (sql, found)
+
+
+def test_the_overview_reads_the_waiting_approvals_by_index(history) -> None:
+    """Which approvals waited during its window: those not decided and those decided since
+    it began, read by approvals_decided_idx, not every approval ever made (issue 45: at
+    10^5 approvals this was most of the overview)."""
+    from apps.invocations import stats
+
+    with CaptureQueriesContext(connection) as queries:
+        stats.overview(Tenant.objects.all())
+    [spans] = [
+        q["sql"]
+        for q in queries.captured_queries
+        if 'FROM "approvals_approvalrequest"' in q["sql"] and "decided_at" in q["sql"]
+    ]
+    found = plan(spans)
+    assert "approvals_decided_idx" in found and no_full_scan(found, "approvals_approvalrequest"), (
+        spans,
+        found,
+    )
