@@ -7,6 +7,7 @@ import re
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
@@ -32,20 +33,11 @@ def admin_browser(superuser: User) -> Client:
     return client
 
 
-def changelist_post_data(response, disable: set[str]) -> dict[str, str]:
-    """The list_editable formset as the browser would submit it, unticking `disable`."""
-    formset = response.context["cl"].formset
-    data = {
-        f"{formset.prefix}-{name}": str(value)
-        for name, value in formset.management_form.initial.items()
-    }
-    for index, form in enumerate(formset.forms):
-        tool = form.instance
-        data[f"{formset.prefix}-{index}-id"] = tool.pk
-        if tool.enabled and tool.pk not in disable:
-            data[f"{formset.prefix}-{index}-enabled"] = "on"
-    data["_save"] = "Save"
-    return data
+def switch(client: Client, action: str, *tool_ids: str):
+    """The changelist's action as a browser posts it: the rows ticked, the action chosen."""
+    return client.post(
+        CHANGELIST, {"action": action, ACTION_CHECKBOX_NAME: list(tool_ids), "index": "0"}
+    )
 
 
 def test_anonymous_visitors_are_sent_to_the_admin_login(db):
@@ -54,14 +46,17 @@ def test_anonymous_visitors_are_sent_to_the_admin_login(db):
     assert response["Location"].startswith("/admin/login/")
 
 
-def test_the_tool_changelist_has_an_editable_enabled_checkbox(admin_browser):
+def test_the_tool_changelist_shows_enabled_and_offers_the_switches(admin_browser):
+    """`enabled` is a column to read (no form a row: issue 45); a superuser switches tools
+    with the list's actions, or on a tool's page."""
     response = admin_browser.get(CHANGELIST)
     assert response.status_code == 200
     html = response.content.decode()
     assert "core__get_current_time" in html
-    checkboxes = re.findall(r'<input[^>]*name="form-\d+-enabled"[^>]*>', html)
-    assert len(checkboxes) == Tool.objects.count()
-    assert all('type="checkbox"' in box for box in checkboxes)
+    assert not re.findall(r'name="form-\d+-enabled"', html)
+    assert len(re.findall(r'<td class="field-enabled"><img ', html)) == Tool.objects.count()
+    assert '<option value="enable_tools">' in html
+    assert '<option value="disable_tools">' in html
 
 
 def test_tools_cannot_be_added_through_the_admin(admin_browser):
@@ -76,8 +71,7 @@ def test_disabling_a_tool_in_the_admin_stops_calls_and_hides_it(agent, superuser
 
     browser = Client()
     browser.force_login(superuser)
-    page = browser.get(CHANGELIST)
-    response = browser.post(CHANGELIST, changelist_post_data(page, {"core__get_current_time"}))
+    response = switch(browser, "disable_tools", "core__get_current_time")
     assert response.status_code == 302, response.content.decode()[:2000]
 
     assert Tool.objects.get(pk="core__get_current_time").enabled is False
@@ -97,14 +91,8 @@ def test_disabling_a_tool_in_the_admin_stops_calls_and_hides_it(agent, superuser
 
 def test_re_enabling_a_tool_in_the_admin_lists_it_again(admin_browser, agent):
     Tool.objects.filter(pk="core__get_current_time").update(enabled=False)
-    page = admin_browser.get(CHANGELIST)
-    data = changelist_post_data(page, set())
-    index = next(
-        i for i, form in enumerate(page.context["cl"].formset.forms)
-        if form.instance.pk == "core__get_current_time"
-    )  # fmt: skip
-    data[f"form-{index}-enabled"] = "on"
-    assert admin_browser.post(CHANGELIST, data).status_code == 302
+    assert switch(admin_browser, "enable_tools", "core__get_current_time").status_code == 302
+    assert Tool.objects.get(pk="core__get_current_time").enabled is True
     assert "core__get_current_time" in [t["id"] for t in agent.tools().json()["tools"]]
 
 
