@@ -93,6 +93,17 @@ def no_slots_left(timeout: float = 10.0) -> bool:
     return True
 
 
+def no_lingering(tool_id: str, timeout: float = 10.0) -> bool:
+    """A lingering thread is counted off by its future's done callback, which runs just
+    after the tool's code returns (so after the tool says it exited)."""
+    end = time.monotonic() + timeout
+    while concurrency.lingering.of(tool_id):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def refusal_counts(outcome: str, tool_id: str) -> int:
     return sum(
         n
@@ -189,7 +200,7 @@ def test_a_timed_out_call_keeps_its_slot_until_its_thread_really_ends(limited):
     STUBBORN.opened.set()
     assert STUBBORN.exited.acquire(timeout=15)
     assert no_slots_left()
-    assert concurrency.lingering.of(STUBBORN_ID) == 0
+    assert no_lingering(STUBBORN_ID)
     assert limited.invoke(STUBBORN_ID).json()["ok"] is True
 
 
@@ -207,9 +218,7 @@ def test_lingering_threads_of_a_tool_are_capped_without_any_limit(limited, setti
 
     STUBBORN.opened.set()
     assert STUBBORN.exited.acquire(timeout=15)
-    end = time.monotonic() + 10
-    while concurrency.lingering.of(STUBBORN_ID) and time.monotonic() < end:
-        time.sleep(0.02)
+    assert no_lingering(STUBBORN_ID)
     assert limited.invoke(STUBBORN_ID).json()["ok"] is True
 
 
