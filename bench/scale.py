@@ -1073,6 +1073,14 @@ def main() -> None:
     )
     parser.add_argument("--output")
     parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=None,
+        metavar="LOAD",
+        help="before measuring each level, wait (up to an hour) until the 1-minute load "
+        "average is below LOAD: a long build can run beside other work, its figures not",
+    )
+    parser.add_argument(
         "--catalog-only",
         action="store_true",
         help="only the catalog and MCP tools/list (cold and warm), printed, not written",
@@ -1099,6 +1107,8 @@ def main() -> None:
         for level in levels:
             built = grow(world, level, args.run_calls, args.builder)
             say(f"\n== {level:,} records ({args.database}); build {built}")
+            if args.quiet_below is not None:
+                settle(args.quiet_below)
             with server_loop():
                 figures = measure(
                     world, args.samples, args.deep, explain=level == levels[-1], idle=args.idle
@@ -1110,6 +1120,14 @@ def main() -> None:
                 say(f"  {label:<52} {value!s:>10}  {goal:<28} {met}")
             write(report, output)  # after each level: a long run keeps what it measured
     say(f"\nwrote {output}")
+
+
+def settle(load: float, limit_s: float = 3600.0) -> None:
+    """Wait until the machine is quiet enough to measure (or `limit_s` passed)."""
+    end = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= load and time.monotonic() < end:
+        time.sleep(10)
+    say(f"  measuring at load average {os.getloadavg()}")
 
 
 def write(report: dict[str, Any], output: Path) -> None:
