@@ -21,12 +21,23 @@ class PoliciesConfig(AppConfig):
         m2m_changed.connect(listing_changed, sender=Policy.tools.through, dispatch_uid="pe-m2m")
 
 
-def policies_written(**_signal_kwargs: Any) -> None:
+def policies_written(instance: Any, **_signal_kwargs: Any) -> None:
+    """A policy or a rule saved or deleted: its policy is the change (the log of the
+    policies epoch, apps/tenants/epoch.py)."""
+    from apps.policies.models import PolicyRule
     from apps.tenants import epoch
 
-    epoch.bump_row(epoch.POLICIES_ROW)
+    key = instance.policy_id if isinstance(instance, PolicyRule) else instance.pk
+    epoch.bump_row(epoch.POLICIES_ROW, [key])
 
 
-def listing_changed(action: str, **_signal_kwargs: Any) -> None:
+def listing_changed(
+    action: str, instance: Any, reverse: bool, pk_set: set[Any] | None, **_signal_kwargs: Any
+) -> None:
+    """A policy's listed tools changed: from the policy's side the policy is the change;
+    from a tool's side (`reverse`), the policies added or removed (a clear names none)."""
+    from apps.tenants import epoch
+
     if action in ("post_add", "post_remove", "post_clear"):
-        policies_written()
+        keys = pk_set if reverse else [instance.pk]
+        epoch.bump_row(epoch.POLICIES_ROW, keys)

@@ -165,6 +165,7 @@ class Policy(models.Model):
 
 class RuleQuerySet(RowBumpingQuerySet["PolicyRule"]):
     bumps = epoch.POLICIES_ROW
+    change_key = "policy_id"
 
 
 class PolicyRule(models.Model):

@@ -19,7 +19,7 @@ from functools import cached_property
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from apps.policies import conditions
 from apps.policies.models import Outcome, Policy, PolicyRule
@@ -28,6 +28,7 @@ from apps.tenants.epoch import EpochCache
 from apps.tenants.models import Tenant
 from apps.tools import grants, rows
 from apps.tools.models import Tool
+from apps.tools.rows import Rows
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -82,13 +83,27 @@ VERDICT_WORDS: dict[str, str] = {
 class Evaluator:
     """The policies in force for one caller, loaded once (three queries), decided per tool."""
 
+    _by_signature: dict[tuple[Any, ...], Decision]  # listed()'s decision per kind of answer
+    _listing_tool: dict[str, list[Policy]]  # tool id -> the policies listing it, in order
+    _listing_ids: dict[str, tuple[int, ...]]  # ... and their ids
+    _seen: dict[str, tuple[Tool, Decision | None]]  # listed() per tool row
+    # From the evaluator this one was patched from: its catalog, of which rows, and the
+    # tools the policies written since may decide otherwise (allowed_of).
+    _inherited: tuple[Rows, Catalog, frozenset[str]] | None
+
     def __init__(
         self,
         tenant: Tenant,
         principal: str,
         user: User | None,
         group_ids: frozenset[int] | None = None,
+        *,
+        base: Evaluator | None = None,
+        changed: set[int] | None = None,
     ) -> None:
+        """`base` and `changed`: an evaluator of the same caller at an older policies
+        epoch, and the ids of the policies written since (the epoch's log): only those
+        are read again, and what `base` decided of the tools they do not touch is kept."""
         # The user's groups as a subquery, not a query of their own (issue 13), unless
         # the caller read them (`group_ids`: evaluator_for keeps evaluators by them).
         if group_ids is not None:
@@ -101,35 +116,125 @@ class Evaluator:
             .filter(Q(group__isnull=True) | in_groups)
             .filter(Q(principal="") | Q(principal=principal))
         )
+        if base is not None and changed is not None:
+            self._read_changed(in_force, base, changed)
+        else:
+            self._read(in_force)
+        self._index(base, changed)
+        if base is not None and changed is not None:
+            self._inherit(base, changed)
+
+    def _read(self, in_force: QuerySet[Policy]) -> None:
         self.policies = list(in_force.order_by("pk"))
-        by_id = {p.id: p for p in self.policies}
+        self._read_of(self.policies, in_force.values("pk"))
+
+    def _read_of(self, policies: list[Policy], ids: Any) -> None:
+        """The listed tools' ids and rules of `policies` (`ids`: their ids, a subquery or
+        a list), into tool_ids and rules_of."""
+        by_id = {p.id: p for p in policies}
         # Their listed tools' ids and their rules in a query each, by policy id (policies
         # that came in force between the reads left out): not a Tool instance for each of
         # 10,000 listings, nor a related manager per policy (issue 45: 0.7 s of a cold
         # catalog with 1,000 policies).
         self.tool_ids: dict[int, list[str]] = {pk: [] for pk in by_id}
-        listings = Policy.tools.through.objects.filter(policy__in=in_force.values("pk"))
+        listings = Policy.tools.through.objects.filter(policy__in=ids)
         for policy_id, tool_id in listings.order_by("pk").values_list("policy_id", "tool_id"):
             if policy_id in by_id:
                 self.tool_ids[policy_id].append(tool_id)
         self.rules_of: dict[int, list[PolicyRule]] = {pk: [] for pk in by_id}
-        in_rules = PolicyRule.objects.filter(policy__in=in_force.values("pk"))
+        in_rules = PolicyRule.objects.filter(policy__in=ids)
         for rule in in_rules.order_by("policy_id", "position", "pk"):
             if rule.policy_id in by_id:
                 rule.policy = by_id[rule.policy_id]
                 self.rules_of[rule.policy_id].append(rule)
+
+    def _read_changed(self, in_force: QuerySet[Policy], base: Evaluator, changed: set[int]) -> None:
+        """`base`'s policies, those in `changed` read again (three queries, whatever the
+        number of policies: issue 45, a policy edited among 1,000)."""
+        fresh = list(in_force.filter(pk__in=sorted(changed)).order_by("pk"))
+        self._read_of(fresh, [p.pk for p in fresh])
+        tool_ids, rules_of = self.tool_ids, self.rules_of
+        kept = [p for p in base.policies if p.pk not in changed]
+        self.policies = sorted(kept + fresh, key=lambda p: p.pk)
+        self.tool_ids = {
+            p.pk: tool_ids[p.pk] if p.pk in tool_ids else base.tool_ids[p.pk] for p in self.policies
+        }
+        self.rules_of = {
+            p.pk: rules_of[p.pk] if p.pk in rules_of else base.rules_of[p.pk] for p in self.policies
+        }
+
+    def _inherit(self, base: Evaluator, changed: set[int]) -> None:
+        """Keep what `base` decided that the `changed` policies (as they were and as they
+        are) cannot have changed: the decision of each kind of answer that names none of
+        them or their rules, and each tool's they neither list nor name by a rule (every
+        tool's, if one of them lists by pattern or has a wildcard rule)."""
+        touched_rules: set[int] = set()
+        touched_tools: set[str] = set()
+        every_tool = False
+        for source in (base, self):
+            by_pk = {p.pk: p for p in source.policies}
+            for pk in changed:
+                policy = by_pk.get(pk)
+                if policy is None:
+                    continue
+                every_tool = every_tool or bool(policy.tool_patterns.strip())
+                touched_tools.update(source.tool_ids[pk])
+                for rule in source.rules_of[pk]:
+                    touched_rules.add(rule.pk)
+                    if _is_wildcard(rule.tool_pattern):
+                        every_tool = True
+                    else:
+                        touched_tools.add(rule.tool_pattern)
+        self._by_signature = {
+            signature: decision
+            for signature, decision in dict(base._by_signature).items()
+            if changed.isdisjoint(signature[0]) and touched_rules.isdisjoint(signature[2])
+        }
+        if not every_tool:
+            self._seen = {
+                pk: found for pk, found in dict(base._seen).items() if pk not in touched_tools
+            }
+            before = base._allowed_of
+            if before is not None:
+                self._inherited = (before[0], before[1], frozenset(touched_tools))
+
+    def _index_changed(self, base: Evaluator, changed: set[int]) -> None:
+        """The listings' index: `base`'s, those of the tools the `changed` policies list
+        (as they were or as they are) made again."""
+        self._listing_tool = dict(base._listing_tool)
+        self._listing_ids = dict(base._listing_ids)
+        fresh = {p.id: (p, set(self.tool_ids[p.id])) for p in self.policies if p.id in changed}
+        touched: set[str] = set()
+        for pk in changed:
+            touched.update(base.tool_ids.get(pk, ()))
+            touched.update(self.tool_ids.get(pk, ()))
+        for tool_id in touched:
+            admitting = [p for p in base._listing_tool.get(tool_id, ()) if p.id not in changed]
+            admitting += [p for p, listed in fresh.values() if tool_id in listed]
+            if admitting:
+                admitting.sort(key=lambda p: p.id)
+                self._listing_tool[tool_id] = admitting
+                self._listing_ids[tool_id] = tuple(p.id for p in admitting)
+            else:
+                self._listing_tool.pop(tool_id, None)
+                self._listing_ids.pop(tool_id, None)
+
+    def _index(self, base: Evaluator | None = None, changed: set[int] | None = None) -> None:
         # Indexed once, so a tool's decision reads the policies and rules that name it, not
         # all of them (issue 45: 10,000 tools and 1,000 policies took 100 s to list):
         # explicit listings by tool id (and their policies' ids, a decision's signature in
         # the catalog), patterns and rules apart, each in policy order.
-        self._order = {p.pk: i for i, p in enumerate(self.policies)}
-        self._listing_tool: dict[str, list[Policy]] = {}
-        self._listing_ids: dict[str, tuple[int, ...]] = {}
-        for policy in self.policies:
-            for tool_id in dict.fromkeys(self.tool_ids[policy.id]):
-                self._listing_tool.setdefault(tool_id, []).append(policy)
-        for tool_id, admitting in self._listing_tool.items():
-            self._listing_ids[tool_id] = tuple(p.id for p in admitting)
+        self._order = {p.id: i for i, p in enumerate(self.policies)}
+        if base is not None and changed is not None:
+            self._index_changed(base, changed)
+        else:
+            self._listing_tool = {}
+            self._listing_ids = {}
+            for policy in self.policies:
+                for tool_id in dict.fromkeys(self.tool_ids[policy.id]):
+                    self._listing_tool.setdefault(tool_id, []).append(policy)
+            for tool_id, admitting in self._listing_tool.items():
+                self._listing_ids[tool_id] = tuple(p.id for p in admitting)
         self._patterned = [(p, p.patterns) for p in self.policies if p.tool_patterns.strip()]
         # Read per call, so indexed once (issue 13): the rules in policy order, those for
         # one tool id apart from those with a wildcard.
@@ -144,9 +249,10 @@ class Evaluator:
         self._rank = {rule.pk: i for i, rule in enumerate(rules)}
         self._admitting: dict[str, list[Policy]] = {}
         self._listing: dict[tuple[str, str], Decision] = {}
-        self._by_signature: dict[tuple[Any, ...], Decision] = {}
-        self._allowed_of: tuple[dict[str, Tool], Catalog] | None = None
-        self._seen: dict[str, tuple[Tool, Decision | None]] = {}  # listed() per tool row
+        self._by_signature = {}
+        self._allowed_of: tuple[Rows, Catalog] | None = None
+        self._inherited = None
+        self._seen = {}
         # The last catalog made from allowed_of's list and a caller's grants (catalog()).
         self._visible: tuple[Any, Any, Catalog] | None = None
 
@@ -211,15 +317,47 @@ class Evaluator:
             found = self._by_signature[signature] = self._decide(tool, None, "")
         return found if found.allowed else None
 
-    def allowed_of(self, usable: dict[str, Tool]) -> Catalog:
+    def allowed_of(self, usable: Rows) -> Catalog:
         """The tools of `usable` (rows.usable()) this evaluator lists, each with its
         decision, in their order: kept for the last rows seen (both are kept across
         authorization epochs, so a cold catalog after a grant's edit reuses it). After a
         tool's edit only the rows loaded again are decided again (a row is one object
-        per version of its tool)."""
+        per version of its tool), and the catalog made of the rows they were patched from
+        is patched (`Catalog.patched`) rather than made again, as after a policy's edit
+        is the catalog of the evaluator this one was patched from."""
         kept = self._allowed_of
         if kept is not None and kept[0] is usable:
             return kept[1]
+        made = None
+        if kept is not None and usable.base is kept[0]:
+            made = self._patched(kept[1], usable, usable.changed)
+        elif kept is None and self._inherited is not None and self._inherited[0] is usable:
+            made = self._patched(self._inherited[1], usable, self._inherited[2])
+        self._inherited = None
+        if made is None:
+            made = self._made_of(usable)
+        self._allowed_of = (usable, made)
+        return made
+
+    def _patched(self, before: Catalog, usable: Rows, changed: frozenset[str]) -> Catalog | None:
+        """`before` with the tools `changed` decided again, where none joins or leaves
+        it (their places are kept; one that joins or leaves: None, a pass over all)."""
+        positions = before.positions
+        replaced: dict[int, tuple[Tool, Decision]] = {}
+        for pk in changed:
+            tool = usable.get(pk)
+            decision = None
+            if tool is not None:
+                decision = self.listed(tool)
+                self._seen[pk] = (tool, decision)
+            at = positions.get(pk)
+            if (at is None) != (decision is None):
+                return None
+            if at is not None and decision is not None and tool is not None:
+                replaced[at] = (tool, decision)
+        return before.patched(replaced)
+
+    def _made_of(self, usable: Rows) -> Catalog:
         seen = self._seen
         allowed = []
         for tool in usable.values():
@@ -230,9 +368,7 @@ class Evaluator:
                 allowed.append((tool, found[1]))
         if len(seen) > len(usable) + 1_000:  # tools gone since: forget them
             self._seen = {pk: seen[pk] for pk in usable if pk in seen}
-        made = Catalog(allowed)
-        self._allowed_of = (usable, made)
-        return made
+        return Catalog(allowed)
 
     def decide(self, tool: Tool, args: dict[str, Any] | None = None, run_id: str = "") -> Decision:
         """Without `args` (the catalog, step 2 of a call) rules are not evaluated, and the
@@ -320,26 +456,42 @@ def evaluator_for(tenant: Tenant, principal: str, user: User | None) -> Evaluato
 # (all an evaluator reads of the caller) as of the policies epoch, which only a policy's,
 # rule's or listing's write changes (apps/policies/apps.py). So after an edit of anything
 # else (a grant, a key, a tool) an evaluator costs a read of the caller's groups, not
-# 1,000 policies and their 10,000 listings again (issue 45).
+# 1,000 policies and their 10,000 listings again (issue 45). After a policy's edit, the
+# epoch's log names the policies written: the evaluator kept is patched (those policies
+# read again), not built again.
 _KEPT_LOCK = threading.Lock()
-_kept_at: int | None = None
-_kept: dict[tuple[Any, ...], Evaluator] = {}
+_kept: dict[tuple[Any, ...], tuple[int, Evaluator]] = {}  # key -> (policies epoch, evaluator)
 
 
 def _kept_evaluator(tenant: Tenant, principal: str, user: User | None) -> Evaluator:
-    global _kept_at, _kept
+    global _kept
     at = epoch.read(epoch.POLICIES_ROW)  # before the policies: see apps/tenants/epoch.py
     groups = frozenset(user.groups.values_list("pk", flat=True)) if user is not None else None
     key = (tenant.pk, principal, groups)
     with _KEPT_LOCK:
-        if _kept_at == at and key in _kept:
-            return _kept[key]
-    built = Evaluator(tenant, principal, user, groups if groups is not None else frozenset())
+        found = _kept.get(key)
+    if found is not None and found[0] == at:
+        return found[1]
+    group_ids = groups if groups is not None else frozenset()
+    built = None
+    if found is not None:
+        changed = epoch.changes_since(epoch.POLICIES_ROW, found[0], at)
+        if changed is not None:
+            built = Evaluator(tenant, principal, user, group_ids, base=found[1], changed=changed)
+    if built is None:
+        built = Evaluator(tenant, principal, user, group_ids)
     with _KEPT_LOCK:
-        if _kept_at != at or len(_kept) >= epoch.MAX_ENTRIES:
-            _kept_at, _kept = at, {}
-        _kept[key] = built
+        if len(_kept) >= epoch.MAX_ENTRIES:
+            _kept = {}
+        _kept[key] = (at, built)
     return built
+
+
+def clear_kept() -> None:
+    """Forget the evaluators kept below the authorization epoch (tests)."""
+    global _kept
+    with _KEPT_LOCK:
+        _kept = {}
 
 
 # What a decision does not depend on: a policy's or rule's words and timestamps.
@@ -387,7 +539,9 @@ class Catalog(list[tuple["Tool", Decision]]):
     while nothing it was made of changes, so what is made from it (the API's encoded
     bodies and entries, apps/tools/listing.py) is kept on it. A catalog narrowed to the
     caller's grants names the one it was narrowed from (`source`) and the ids it left
-    out of it (`missing`)."""
+    out of it (`missing`). A catalog patched from another (`patched`: the same tools in
+    the same places, some rows or decisions new) shares its ids and positions and names
+    its encoded entries (`entries_before`) and the places that changed (`replaced`)."""
 
     def __init__(
         self,
@@ -400,6 +554,22 @@ class Catalog(list[tuple["Tool", Decision]]):
         self.missing = missing
         self.bodies: dict[Any, bytes] = {}
         self.entries: dict[str, list[bytes]] = {}
+        self.entries_before: dict[str, list[bytes]] = {}
+        self.replaced: frozenset[int] = frozenset()
+
+    def patched(self, replaced: dict[int, tuple[Tool, Decision]]) -> Catalog:
+        """This catalog with the entries at those places replaced."""
+        items = list(self)
+        for at, item in replaced.items():
+            items[at] = item
+        made = Catalog(items)
+        for name in ("ids", "positions", "in_id_order"):  # the same ids, in the same order
+            if name in self.__dict__:
+                made.__dict__[name] = self.__dict__[name]
+        # Its encodings (not itself: a chain of catalogs would be kept alive).
+        made.entries_before = self.entries
+        made.replaced = frozenset(replaced)
+        return made
 
     @cached_property
     def ids(self) -> frozenset[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Subquery
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from toolhub.db.postgresql import statement_cursor
@@ -132,17 +133,67 @@ def read(row: int = ROW) -> int:
     return value
 
 
-def bump_tools() -> None:
+def bump_tools(keys: Iterable[Any] | None = None) -> None:
     """Give the tools epoch a new value, in the caller's transaction (a tool's row was
-    written: apps/tools/rows.py). The authorization epoch is bumped by the same write."""
-    bump_row(TOOLS_ROW)
+    written: apps/tools/rows.py; `keys`: the ids of the tools written, None if not
+    known). The authorization epoch is bumped by the same write."""
+    bump_row(TOOLS_ROW, keys)
 
 
-def bump_row(row: int) -> None:
-    """Give the tools or policies epoch a new value, in the caller's transaction."""
+# The rows whose changes are logged (EpochChange), and how many changes each keeps: a
+# process whose value is older than the oldest kept reloads everything, as it would
+# without the log.
+LOGGED = frozenset({TOOLS_ROW, POLICIES_ROW})
+KEEP_CHANGES = 500
+MAX_KEYS = 1_000  # a write of more rows than this logs "not known": a reload is as cheap
+
+
+def bump_row(row: int, keys: Iterable[Any] | None = None) -> None:
+    """Give the tools or policies epoch a new value, in the caller's transaction, and
+    log which rows the write changed (`keys`; None: not known, so every process reloads
+    all of them)."""
     model = apps.get_model("tenants", "AuthzEpoch")
-    if not model.objects.filter(pk=row).update(value=_new_value()):
-        read(row)
+    value = _new_value()
+    if not model.objects.filter(pk=row).update(value=value):
+        read(row)  # a value no change leads to: whoever kept an older one reloads all
+        return
+    if row not in LOGGED:
+        return
+    if keys is not None:
+        keys = sorted(set(keys))
+        if len(keys) > MAX_KEYS:
+            keys = None
+    log = apps.get_model("tenants", "EpochChange").objects
+    change = log.create(row=row, value=value, keys=keys)
+    if change.pk % 64 == 0:  # now and then, forget the oldest
+        log.filter(row=row, id__lte=change.pk - KEEP_CHANGES).delete()
+
+
+def changes_since(row: int, value: int | None, now: int) -> set[Any] | None:
+    """The keys of the rows changed under epoch `row` from its `value` to `now` (read
+    before this), or None where that is not known: `value` is not in the log (too old, a
+    flushed or restored database), a change did not say which rows, or `now` is not
+    reached. Changes after `now` are included: what is reloaded for them is newer than
+    `now`, which is safe (see the module's docstring)."""
+    if value is None:
+        return None
+    log = apps.get_model("tenants", "EpochChange").objects.filter(row=row)
+    start = log.filter(value=value).order_by("id").values("id")[:1]
+    found = list(
+        log.filter(id__gte=Subquery(start))
+        .order_by("id")
+        .values_list("value", "keys")[: KEEP_CHANGES + 1]
+    )
+    if not found or found[0][0] != value or len(found) > KEEP_CHANGES:
+        return None
+    keys: set[Any] = set()
+    reached = value == now
+    for changed_to, changed in found[1:]:
+        if changed is None:
+            return None
+        keys.update(changed)
+        reached = reached or changed_to == now
+    return keys if reached else None
 
 
 def bump(sender: Any = None, **_signal_kwargs: Any) -> None:
@@ -256,30 +307,38 @@ class EpochQuerySet(models.QuerySet[_M]):
 
 
 class RowBumpingQuerySet(EpochQuerySet[_M]):
-    """An EpochQuerySet whose bulk writes also bump the epoch row `bumps` names."""
+    """An EpochQuerySet whose bulk writes also bump the epoch row `bumps` names, logging
+    the rows they wrote by `change_key` (the field that names a change: a rule's policy)."""
 
     bumps: int
+    change_key = "pk"
 
     def update(self, **kwargs: Any) -> int:
         with transaction.atomic(using=self.db):
+            keys = list(self.values_list(self.change_key, flat=True)[: MAX_KEYS + 1])
             changed = super().update(**kwargs)
             if changed:
-                bump_row(self.bumps)
+                bump_row(self.bumps, keys)
         return changed
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[_M]:
         with transaction.atomic(using=self.db):
             made = super().bulk_create(objs, *args, **kwargs)
             if made:
-                bump_row(self.bumps)
+                bump_row(self.bumps, self._keys_of(made))
         return made
 
     def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
+        objs = list(objs)
         with transaction.atomic(using=self.db):
             changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
-                bump_row(self.bumps)
+                bump_row(self.bumps, self._keys_of(objs))
         return changed
+
+    def _keys_of(self, objs: list[_M]) -> list[Any] | None:
+        keys = [getattr(obj, self.change_key) for obj in objs]
+        return None if any(key is None for key in keys) else keys
 
 
 # Every model whose rows can change an answer the caches give. Strings, so this module

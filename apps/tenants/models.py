@@ -233,3 +233,24 @@ class AuthzEpoch(models.Model):
 
     def __str__(self) -> str:
         return f"authorization epoch {self.value}"
+
+
+class EpochChange(models.Model):
+    """What one write changed under the tools or policies epoch (apps/tenants/epoch.py):
+    the epoch's value it gave and the ids of the rows it wrote (tool ids, policy ids), or
+    null where they are not known. A process that kept rows at one value reads the
+    changes since then and reloads only those rows. Written in the edit's transaction,
+    after the epoch row's update, so while that row's lock is held: ids ascend in the
+    order the values were given. Only the last few hundred per row are kept."""
+
+    id = models.BigAutoField(primary_key=True)
+    row = models.PositiveSmallIntegerField()
+    value = models.BigIntegerField()
+    keys = models.JSONField(null=True)
+
+    class Meta:
+        verbose_name = "epoch change"
+        indexes = [models.Index(fields=["row", "value"], name="epochchange_value_idx")]
+
+    def __str__(self) -> str:
+        return f"epoch {self.row} change to {self.value}"

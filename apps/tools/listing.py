@@ -113,7 +113,14 @@ def _entries(allowed: Catalog, wire_format: str) -> list[bytes]:
     """The catalog's entries, in its order, kept on it per format."""
     found = allowed.entries.get(wire_format)
     if found is None:
-        found = allowed.entries[wire_format] = [_entry(t, d, wire_format) for t, d in allowed]
+        before = allowed.entries_before.get(wire_format)
+        if before is not None:  # patched from a catalog encoded already: its places changed
+            found = list(before)
+            for at in allowed.replaced:
+                found[at] = _entry(*allowed[at], wire_format)
+        else:
+            found = [_entry(t, d, wire_format) for t, d in allowed]
+        allowed.entries[wire_format] = found
     return found
 
 

@@ -75,16 +75,18 @@ class ToolQuerySet(EpochQuerySet["Tool"]):
     def update(self, **kwargs: Any) -> int:
         kwargs.setdefault("updated_at", timezone.now())
         with transaction.atomic(using=self.db):
+            # The ids written, for the tools epoch's log (epoch.MAX_KEYS + 1: too many).
+            keys = list(self.values_list("pk", flat=True)[: epoch.MAX_KEYS + 1])
             changed = super().update(**kwargs)
             if changed:
-                epoch.bump_tools()
+                epoch.bump_tools(keys)
         return changed
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Tool]:
         with transaction.atomic(using=self.db):
             made = super().bulk_create(objs, *args, **kwargs)
             if made:
-                epoch.bump_tools()
+                epoch.bump_tools([obj.pk for obj in made])
         return made
 
     def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
@@ -95,7 +97,7 @@ class ToolQuerySet(EpochQuerySet["Tool"]):
         with transaction.atomic(using=self.db):
             changed = super().bulk_update(objs, fields, *args, **kwargs)
             if changed:
-                epoch.bump_tools()
+                epoch.bump_tools([obj.pk for obj in objs])
         return changed
 
     def usable(self) -> ToolQuerySet:
