@@ -143,7 +143,7 @@ def bump_tools(keys: Iterable[Any] | None = None) -> None:
 # The rows whose changes are logged (EpochChange), and how many changes each keeps: a
 # process whose value is older than the oldest kept reloads everything, as it would
 # without the log.
-LOGGED = frozenset({TOOLS_ROW, POLICIES_ROW})
+LOGGED = frozenset({TOOLS_ROW, POLICIES_ROW, GRANTS_ROW})
 KEEP_CHANGES = 500
 MAX_KEYS = 1_000  # a write of more rows than this logs "not known": a reload is as cheap
 
@@ -203,7 +203,14 @@ def bump(sender: Any = None, **_signal_kwargs: Any) -> None:
     if not model.objects.filter(pk=ROW).update(value=_new_value()):
         read()  # no row yet: creating it gives a value no cache was filled at
     if sender is not None and sender in _grant_senders:
-        bump_row(GRANTS_ROW)
+        # An object permission's write names its object (the grants epoch's log: only
+        # that object's grants are read again); any other (a group, a membership, a
+        # global permission) is not known.
+        instance = _signal_kwargs.get("instance")
+        objects = _signal_kwargs.get("objects")
+        if sender in _object_permissions and instance is not None:
+            objects = [str(instance.object_pk)]
+        bump_row(GRANTS_ROW, objects if sender in _object_permissions else None)
     holder = _pinned.get()
     if holder is not None:
         holder[0] = None  # this scope's later questions see its own edit
@@ -293,7 +300,10 @@ class EpochQuerySet(models.QuerySet[_M]):
         with transaction.atomic(using=self.db):
             made = super().bulk_create(objs, *args, **kwargs)
             if made:
-                bump(self.model)
+                objects = None
+                if self.model in _object_permissions:  # guardian's assign_perm() on many
+                    objects = [str(obj.object_pk) for obj in made]  # type: ignore[attr-defined]
+                bump(self.model, objects=objects)
         return made
 
     def bulk_update(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> int:
@@ -380,6 +390,9 @@ _GRANT_M2M = (
     ("auth.Group", "permissions"),
 )
 _grant_senders: set[type[models.Model]] = set()  # the above, models and through models
+# Of those, the object permissions: their writes name the objects whose grants changed.
+_OBJECT_PERMISSIONS = ("guardian.UserObjectPermission", "guardian.GroupObjectPermission")
+_object_permissions: set[type[models.Model]] = set()
 
 # Writes that change nothing a cache holds, by save or in bulk: a login's timestamp, a
 # key's last use (ApiKey.touch). (A connection's secret is not among them: the broker
@@ -398,7 +411,7 @@ def _ignored(model: type[models.Model], fields: Any) -> bool:
 
 def _on_save(sender: type[models.Model], update_fields: Any = None, **kwargs: Any) -> None:
     if not _ignored(sender, update_fields):
-        bump(sender)
+        bump(sender, instance=kwargs.get("instance"))
 
 
 def _bulk_writes_bump(model: type[models.Model]) -> None:
@@ -434,6 +447,7 @@ def connect() -> None:
         m2m_changed.connect(_on_m2m, sender=through, dispatch_uid=f"epoch-m2m-{label}.{field}")
     _grant_senders.update(apps.get_model(label) for label in _GRANT_SENDERS)
     _grant_senders.update(getattr(apps.get_model(label), f).through for label, f in _GRANT_M2M)
+    _object_permissions.update(apps.get_model(label) for label in _OBJECT_PERMISSIONS)
 
 
 def _on_m2m(sender: Any, action: str, **kwargs: Any) -> None:

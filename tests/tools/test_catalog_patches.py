@@ -204,6 +204,18 @@ class Edits:
         else:
             assign_perm("tools.execute_tool", self.group, tool)
 
+    def e_user_grant_or_membership(self) -> None:
+        user = ApiKey.objects.get(tenant=self.tenant, principal=self.agent.principal).user
+        choice = self.rng.random()
+        if choice < 0.3:
+            assign_perm("tools.execute_tool", self.other_group, self.tool())
+        elif choice < 0.6:
+            assign_perm("tools.execute_tool", user, self.tool())
+        elif choice < 0.8:
+            user.groups.add(self.other_group)
+        else:
+            user.groups.remove(self.other_group)
+
     def e_unrelated(self) -> None:
         epoch.bump()
 
@@ -219,13 +231,16 @@ def test_a_long_run_of_edits_lists_and_decides_as_a_fresh_read(
         (Evaluator, "_patched"),
         (Catalog, "patched"),
         (rows, "_patched"),
+        (grants, "_patched"),
     ):
         real = getattr(owner, name)
 
-        def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+        label = f"grants {name}" if owner is grants else name
+
+        def counted(*args: Any, _real: Any = real, _label: str = label, **kw: Any) -> Any:
             found = _real(*args, **kw)
-            taken[_name] += 1
-            taken[f"{_name} declined"] += found is None
+            taken[_label] += 1
+            taken[f"{_label} declined"] += found is None
             return found
 
         monkeypatch.setattr(owner, name, counted)
@@ -249,6 +264,7 @@ def test_a_long_run_of_edits_lists_and_decides_as_a_fresh_read(
     assert taken["_read_changed"] >= 10, taken  # evaluators patched
     assert taken["_patched"] - taken["_patched declined"] >= 10, taken  # rows, catalogs
     assert taken["patched"] >= 10, taken
+    assert taken["grants _patched"] - taken["grants _patched declined"] >= 2, taken
 
 
 @pytest.mark.django_db
@@ -274,6 +290,16 @@ def test_the_logs_name_what_each_write_changed(agent: Agent) -> None:
     assert last(epoch.POLICIES_ROW) is None
     Tool.objects.get(pk=ids[0]).policies.clear()  # a clear from the tool's side names none
     assert last(epoch.POLICIES_ROW) is None
+    group = agents_group(agent.tenant)
+    assign_perm("tools.execute_tool", group, Tool.objects.get(pk=ids[0]))
+    assert last(epoch.GRANTS_ROW) == [ids[0]]
+    assign_perm("tools.execute_tool", group, Tool.objects.filter(pk__in=ids[:2]))  # type: ignore[arg-type]
+    assert last(epoch.GRANTS_ROW) == [ids[1]]  # (ids[0] held already: not written)
+    remove_perm("tools.execute_tool", group, Tool.objects.get(pk=ids[1]))
+    assert last(epoch.GRANTS_ROW) == [ids[1]]
+    user = ApiKey.objects.get(tenant=agent.tenant, principal=agent.principal).user
+    user.groups.remove(group)  # a membership: which objects is not known
+    assert last(epoch.GRANTS_ROW) is None
 
 
 @pytest.mark.django_db
