@@ -985,10 +985,32 @@ def explains(world: World) -> dict[str, str]:
             "-created_at"
         )[:51],
     }
+    queries.update(admin_search_queries(world))
     plans = {}
     for name, queryset in queries.items():
         plans[name] = queryset.explain(analyze=True)
     return plans
+
+
+def admin_search_queries(world: World) -> dict[str, Any]:
+    """The events changelist's exact-id search (the run id `measure` searches), its page
+    and its capped count, as the admin makes them for the superuser."""
+    from django.contrib import admin
+    from django.test import RequestFactory
+
+    from apps.invocations.models import InvocationRecord, RunEvent
+    from toolhub.web.paging import COUNT_CAP
+
+    some = InvocationRecord.objects.order_by().values_list("run_id", flat=True).first() or "none"
+    request = RequestFactory().get("/admin/invocations/runevent/", {"q": some})
+    request.user = world.admin
+    model_admin = admin.site._registry[RunEvent]
+    found, _ = model_admin.get_search_results(request, model_admin.get_queryset(request), some)
+    ordering = model_admin.get_ordering(request) or ("-pk",)
+    return {
+        "admin_events_search_id_page": found.order_by(*ordering)[:100],
+        "admin_events_search_id_count": found.order_by()[: COUNT_CAP + 1],
+    }
 
 
 # ------------------------------------------------------------------ the report

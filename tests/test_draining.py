@@ -25,6 +25,9 @@ from tests.support.server import daphne, invoke
 from toolhub.server import draining
 from toolhub.server.draining import Draining
 
+# Not about the database: one leg of the gate (tests/conftest.py).
+pytestmark = pytest.mark.one_leg
+
 # ---------------------------------------------------------------- the wrapper alone
 
 

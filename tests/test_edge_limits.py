@@ -20,7 +20,7 @@ from django.conf import settings
 
 from tests.support.server import Server, daphne
 
-pytestmark = [pytest.mark.server]
+pytestmark = [pytest.mark.server, pytest.mark.one_leg]
 
 BIG = 200 * 1024 * 1024
 PIECE = b"x" * (256 * 1024)

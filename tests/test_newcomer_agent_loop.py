@@ -22,7 +22,11 @@ from tests.streams.conftest import logged_in, operator
 from tests.support.processes import stop
 from tests.support.server import Server, daphne, free_port
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.server,
+    pytest.mark.one_leg("postgresql"),
+]
 
 CLIENT = Path(__file__).resolve().parent.parent / "clients" / "python"
 EXAMPLE = CLIENT / "examples" / "agent_loop.py"

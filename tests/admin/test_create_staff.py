@@ -14,7 +14,7 @@ from apps.tenants.models import Tenant
 from apps.tools.models import Tool
 from apps.tools.permissions import can_decide
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.one_leg]
 PASSWORD = "Correct-Horse-93-battery"
 
 

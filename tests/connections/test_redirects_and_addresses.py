@@ -18,6 +18,9 @@ from tests.conftest import Agent, allow
 from tests.connections import HTTP, LocalServer, local_server, make_connection, usable
 from tests.support.responses import failure, ok_result
 
+# Not about the database: one leg of the gate (tests/conftest.py).
+pytestmark = pytest.mark.one_leg
+
 TOKEN = "SECRET-redirect-bearer-81d2c4"
 CREDENTIALS = {
     "bearer": ({"token": TOKEN}, "authorization"),

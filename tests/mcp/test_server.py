@@ -25,7 +25,11 @@ from tests.support.redis import redis_server
 from tests.support.server import Server, daphne
 from tests.support.threads import in_thread
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.server,
+    pytest.mark.one_leg("postgresql"),
+]
 
 PAGE_SIZE = 3
 

@@ -18,7 +18,7 @@ from tests.conftest import allow, make_agent
 from tests.support.deep_json import DEEP_ARRAYS, DEEP_OBJECTS, OVER_DEPTH, TOO_DEEP
 from tests.support.server import Server, daphne
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 INIT: dict[str, Any] = {
     "jsonrpc": "2.0",

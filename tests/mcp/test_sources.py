@@ -21,7 +21,7 @@ from tests.conftest import Agent, allow, make_agent
 from tests.mcp.conftest import SERVERS, add, enable
 from tests.support.threads import in_thread
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg("postgresql")]
 TIME = "mcp__time__get_current_time"
 
 

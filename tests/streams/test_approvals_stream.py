@@ -19,7 +19,7 @@ from tests.streams.conftest import (
     refusal,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 STREAM = "/ws/v1/approvals/"
 

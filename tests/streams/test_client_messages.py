@@ -8,7 +8,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.streams.conftest import logged_in, nothing_arrives, open_ws, operator
 from tests.support.deep_json import DEEP_ARRAYS, DEEP_OBJECTS, OVER_DEPTH
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server, pytest.mark.one_leg]
 
 NOT_JSON = [DEEP_ARRAYS, DEEP_OBJECTS, OVER_DEPTH, b"\x00binary", "{oops"]
 

@@ -7,7 +7,11 @@ import pytest
 from tests.streams.conftest import logged_in, operator, refusal
 from toolhub.web.ws_auth import allowed_origin
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.server,
+    pytest.mark.one_leg("postgresql"),
+]
 
 
 def bearer(agent) -> dict[str, str]:

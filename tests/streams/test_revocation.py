@@ -17,7 +17,7 @@ from tests.conftest import make_agent
 from tests.streams.conftest import KeyClient, open_ws, refusal
 from toolhub.asgi import application
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_leg]
 
 
 def revoke(agent) -> None:

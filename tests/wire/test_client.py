@@ -20,7 +20,11 @@ from tests.streams.conftest import logged_in, operator
 from tests.support.server import Server, daphne
 from tests.wire.conftest import CLIENT
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.server]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.server,
+    pytest.mark.one_leg("postgresql"),
+]
 
 EXAMPLE = CLIENT / "examples" / "agent_loop.py"
 
