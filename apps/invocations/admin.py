@@ -14,8 +14,7 @@ from django.utils.html import format_html, format_html_join
 from apps.audit import verify
 from apps.invocations import ledger, links
 from apps.invocations.models import InvocationRecord, RunEvent
-from apps.tenants.admin import TenantScopedAdmin
-from apps.tenants.models import Tenant
+from apps.tenants.admin import TenantScopedAdmin, tenants_holding
 from apps.tenants.roles import may
 
 
@@ -220,11 +219,12 @@ class RunEventAdmin(TenantScopedAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        every = Tenant.objects.order_by().values("pk")
-        calls = InvocationRecord.objects.filter(tenant__in=every, tool_call_id=term).order_by()
-        runs = {term, *calls.values_list("run_id", flat=True)[:100]}
+        holding_calls = tenants_holding(InvocationRecord, tool_call_id=term)
+        calls = InvocationRecord.objects.filter(tenant__in=holding_calls, tool_call_id=term)
+        runs = sorted({term, *calls.order_by().values_list("run_id", flat=True)[:100]})
         matches = Q(run_id=term) | Q(tool_call_id=term)
-        return queryset.filter(matches, tenant__in=every, run_id__in=runs), False
+        holding = tenants_holding(RunEvent, run_id__in=runs)
+        return queryset.filter(matches, tenant__in=holding, run_id__in=runs), False
 
     @admin.display(description="Timeline")
     def timeline_link(self, event: RunEvent) -> str:

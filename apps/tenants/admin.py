@@ -87,6 +87,16 @@ class ScopedChoicesMixin(BaseModelAdmin[Any]):
         return queryset.filter(pk__in=scoped.values("pk"))
 
 
+def tenants_holding(model: type[Model], tenant_field: str = "tenant", **match: Any) -> list[int]:
+    """The tenants with a row of `model` matching, one index probe each (an EXISTS that
+    stops at the first row), so that the rows are then read as `tenant IN (those) AND
+    …` by an index that leads with the tenant. With every tenant as a subquery instead,
+    PostgreSQL may walk a whole such index for its second column (the events' search by
+    run took 200 ms over 3 x 10^7 events, issue 45)."""
+    rows = model._default_manager.order_by().filter(**{tenant_field: OuterRef("pk")}, **match)
+    return list(Tenant.objects.order_by().filter(Exists(rows)).values_list("pk", flat=True))
+
+
 class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
     """Staff see and save only the rows of tenants where their role allows it (superusers:
     all): a row is listed when their role in its tenant gives the model's view or change
@@ -188,11 +198,8 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin[Any]):
         records' runs) gives the newest rows of a 100,000-call run without sorting it,
         rather than every matching row read and sorted across tenants."""
         if path in self.searched_per_tenant:
-            rows = self.model._default_manager.order_by().filter(
-                **{self.tenant_field: OuterRef("pk"), path: value}
-            )
-            having = Tenant.objects.order_by().filter(Exists(rows)).values_list("pk", flat=True)
-            return Q(**{f"{self.tenant_field}__in": list(having), path: value})
+            having = tenants_holding(self.model, self.tenant_field, **{path: value})
+            return Q(**{f"{self.tenant_field}__in": having, path: value})
         return Q(**{path: value})
 
     def scope_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
