@@ -378,3 +378,21 @@ def test_a_tool_only_a_rule_allows_follows_that_rules_policy(agent: Agent) -> No
     policy.name = "renamed"
     policy.save()
     assert "renamed" in listed().rule
+
+
+@pytest.mark.django_db
+def test_the_log_forgets_its_oldest_changes_and_a_process_that_kept_one_reads_all(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(epoch, "KEEP_CHANGES", 5)
+    (pk,) = bulk_tools(1)
+    agent.tools()
+    start = epoch.read(epoch.TOOLS_ROW)
+    before = rows.usable()
+    for n in range(130):
+        Tool.objects.filter(pk=pk).update(description=f"edit {n}")
+    assert EpochChange.objects.filter(row=epoch.TOOLS_ROW).count() <= 5 + 64
+    assert epoch.changes_since(epoch.TOOLS_ROW, start, epoch.read(epoch.TOOLS_ROW)) is None
+    after = rows.usable()  # every stamp read: the edited row, the others kept
+    assert after.base is None and after[pk].description == "edit 129"
+    assert all(after[k] is before[k] for k in before if k != pk)
