@@ -152,15 +152,15 @@ class Evaluator:
         """`base`'s policies, those in `changed` read again (three queries, whatever the
         number of policies: issue 45, a policy edited among 1,000)."""
         fresh = list(in_force.filter(pk__in=sorted(changed)).order_by("pk"))
-        self._read_of(fresh, [p.pk for p in fresh])
+        self._read_of(fresh, [p.id for p in fresh])
         tool_ids, rules_of = self.tool_ids, self.rules_of
-        kept = [p for p in base.policies if p.pk not in changed]
-        self.policies = sorted(kept + fresh, key=lambda p: p.pk)
+        kept = [p for p in base.policies if p.id not in changed]
+        self.policies = sorted(kept + fresh, key=lambda p: p.id)
         self.tool_ids = {
-            p.pk: tool_ids[p.pk] if p.pk in tool_ids else base.tool_ids[p.pk] for p in self.policies
+            p.id: tool_ids[p.id] if p.id in tool_ids else base.tool_ids[p.id] for p in self.policies
         }
         self.rules_of = {
-            p.pk: rules_of[p.pk] if p.pk in rules_of else base.rules_of[p.pk] for p in self.policies
+            p.id: rules_of[p.id] if p.id in rules_of else base.rules_of[p.id] for p in self.policies
         }
 
     def _inherit(self, base: Evaluator, changed: set[int]) -> None:
@@ -172,7 +172,7 @@ class Evaluator:
         touched_tools: set[str] = set()
         every_tool = False
         for source in (base, self):
-            by_pk = {p.pk: p for p in source.policies}
+            by_pk = {p.id: p for p in source.policies}
             for pk in changed:
                 policy = by_pk.get(pk)
                 if policy is None:
