@@ -216,6 +216,8 @@ def test_an_id_search_is_an_index_lookup_in_every_tenant(root, path, table, term
         # them as constants: with every tenant as a subquery, PostgreSQL walked the whole
         # (tenant, run_id, seq) index for the run (200 ms over 3 x 10^7 events).
         assert f'"{table}"."tenant_id" IN (SELECT' not in sql, sql
+        if term.startswith("run-"):  # no call has that id: the run's rows, no OR
+            assert '"tool_call_id" =' not in sql.split(" WHERE ", 1)[1], sql
 
 
 def test_a_long_runs_search_reads_its_newest_rows_without_sorting_the_run(root) -> None:
