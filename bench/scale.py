@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TENANTS = 100
+CALL_SAMPLES = 300  # at least, for the call's p50/p99
 EVENTS_PER_RECORD = 3
 RUN_LENGTH = 20  # calls per ordinary run
 APPROVAL_EVERY = 100  # one record in a hundred was held for approval
@@ -616,7 +617,9 @@ def measure(
         )
         assert response.status_code in (200, 201), response.content[:300]
 
-    out["call"] = timed(post_call, samples * 3)
+    # A p99 needs a few hundred calls: of 45 it was their slowest, and two runs of the
+    # same code disagreed by more than the goal's 10 % (docs/performance.md, run 3).
+    out["call"] = timed(post_call, max(samples * 3, CALL_SAMPLES))
     out["dry_run"] = timed(
         lambda: api.post(
             "/api/v1/simulations/",
