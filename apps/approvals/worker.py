@@ -16,9 +16,11 @@ import os
 import socket
 import threading
 import time
+from datetime import datetime
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+from django.db.models import Min
 from django.db.utils import OperationalError
 from django.tasks import TaskResultStatus
 from django.utils import timezone
@@ -33,8 +35,13 @@ from apps.retention import schedule as retention
 logger = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 10.0
-# Polling is only the safety net behind the commit wake-up.
+# Polling is only the safety net behind the commit wake-up: every POLL_EVERY_S while
+# no listener listens (SQLite, or PostgreSQL while the listener reconnects), every
+# LISTENING_POLL_S while one does, and never later than the next delayed entry's
+# run_after (a webhook's retry). An idle worker polling every 2 s cost a fifth of an
+# idle process's CPU.
 POLL_EVERY_S = 2.0
+LISTENING_POLL_S = 30.0
 # Entries one worker claims in one statement (issue 13: per-call round trips). Small:
 # a slow tool holds the rest of its batch, which another worker could be running.
 CLAIM_BATCH = 16
@@ -100,10 +107,36 @@ class ToolhubWorker(Worker):
                     logger.info("No more tasks to run for worker_id=%s", self.worker_id)
                     return
                 if ran is None and self.running:
-                    wake.wait(self.interval)
+                    wake.wait(self.idle_wait(listener))
         finally:
             if listener is not None:
-                listener.stopped.set()
+                listener.stop()
+
+    def idle_wait(self, listener: wake.Listener | None) -> float:
+        """How long an idle worker sleeps unless woken: its interval, or while its
+        listener listens, LISTENING_POLL_S or until the next delayed entry is due."""
+        if listener is None or not listener.listening.is_set():
+            return self.interval
+        wait = max(self.interval, LISTENING_POLL_S)
+        due = self.next_delayed()
+        if due is not None:
+            wait = min(wait, max(0.0, (due - timezone.now()).total_seconds()))
+        return wait
+
+    def next_delayed(self) -> datetime | None:
+        """The earliest run_after of this worker's ready entries that are not due yet
+        (django-tasks-db's partial index on ready entries serves it)."""
+        return (
+            DBTaskResult.objects.filter(
+                status=TaskResultStatus.READY,
+                backend_name=self.backend_name,
+                queue_name__in=self.queue_names,
+                run_after__gt=timezone.now(),
+                run_after__lt=get_date_max(),
+            )
+            .order_by()
+            .aggregate(due=Min("run_after"))["due"]
+        )
 
     def run_next(self) -> list[DBTaskResult] | None:
         """Claim and run up to `claim_batch` ready entries; None when there is none.
@@ -193,6 +226,7 @@ class ToolhubWorker(Worker):
             DBTaskResult.objects.filter(pk__in=left, status=TaskResultStatus.RUNNING).update(
                 status=TaskResultStatus.READY, started_at=None
             )
+            wake.notify_ready()  # now, not at its next poll
 
     def claim(self) -> DBTaskResult | None:
         """The next ready entry, marked RUNNING for this worker."""

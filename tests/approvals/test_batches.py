@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from apps.approvals import decisions, tasks, worker
+from apps.approvals import decisions, tasks, wake, worker
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations import runner
 from tests.approvals.support import (
@@ -197,8 +197,11 @@ def test_a_worker_asked_to_stop_finishes_its_call_and_puts_the_rest_of_its_batch
         return checks(call, *known)
 
     monkeypatch.setattr(runner, "check_call", asked_to_stop_meanwhile)
+    wake.work_committed.clear()
 
     stopping.run_entries(batch)
+
+    assert wake.work_committed.is_set()  # the other workers look now, not at their poll
 
     assert [tally.count(token) for token in ("t0", "t1", "t2")] == [1, 0, 0]
     assert seen == [True]

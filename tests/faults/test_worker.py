@@ -7,16 +7,19 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from apps.approvals import decisions, tasks, wake
+from apps.approvals import decisions, tasks, wake, worker
 from apps.approvals.models import ApprovalRequest, ApprovalStatus
 from apps.invocations.models import InvocationRecord, RunEvent
 from tests.approvals.support import CONFIRM, events, hold, queue_entries
@@ -92,8 +95,8 @@ def test_the_listeners_connection_goes_back_to_the_pool_no_longer_listening():
     while (pid := listening_backend()) is None:
         assert time.monotonic() < deadline, "the listener never listened"
         time.sleep(0.05)
-    listener.stopped.set()
-    listener.join(timeout=10)
+    listener.stop()
+    listener.join(timeout=2)  # at once: a stop wakes it, no timeout does
     assert not listener.is_alive()
 
     pool = connection.pool
@@ -106,6 +109,113 @@ def test_the_listeners_connection_goes_back_to_the_pool_no_longer_listening():
     finally:
         for conn in taken:
             pool.putconn(conn)
+
+
+def only_on_postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the listener runs on PostgreSQL: this runs in the PostgreSQL leg")
+
+
+def test_an_idle_listener_reads_nothing_until_a_notification_comes(monkeypatch):
+    """psycopg's notifies(timeout=) wakes ten times a second; the listener sleeps until
+    its socket is readable, so idle it never calls into psycopg at all."""
+    only_on_postgresql()
+    reads: list[float] = []
+    notifies = psycopg.Connection.notifies
+
+    def counted(self, **kwargs):
+        reads.append(time.monotonic())
+        return notifies(self, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "notifies", counted)
+    listener = wake.Listener()
+    listener.start()
+    try:
+        assert listener.listening.wait(10), "the listener never listened"
+        wake.work_committed.clear()
+        time.sleep(1.5)
+        assert reads == [] and not wake.work_committed.is_set()
+
+        with connection.cursor() as cursor:  # autocommit: delivered at once
+            cursor.execute(f"NOTIFY {wake.CHANNEL}")
+        assert wake.work_committed.wait(10)
+        assert len(reads) == 1
+    finally:
+        listener.stop()
+        listener.join(timeout=2)
+    assert not listener.is_alive() and not listener.listening.is_set()
+
+
+def test_a_listener_stopped_before_it_starts_never_listens():
+    listener = wake.Listener()
+    listener.stop()
+    listener.start()
+    listener.join(timeout=2)
+    assert not listener.is_alive() and not listener.listening.is_set()
+
+
+def test_an_idle_worker_polls_rarely_while_listening_but_wakes_for_a_delayed_entry():
+    idle = worker.build_worker("idle", interval=2.0)
+    listener = wake.Listener()  # not started: only its `listening` flag is read
+    assert idle.idle_wait(None) == 2.0
+    assert idle.idle_wait(listener) == 2.0  # not listening: the safety net's pace
+
+    listener.listening.set()
+    assert idle.idle_wait(listener) == worker.LISTENING_POLL_S
+    tasks.notify_pending.using(run_after=timezone.now() + timedelta(seconds=5)).enqueue(
+        str(uuid.uuid4())
+    )
+    assert 3 < idle.idle_wait(listener) <= 5
+    tasks.notify_pending.using(run_after=timezone.now() + timedelta(seconds=1)).enqueue(
+        str(uuid.uuid4())
+    )
+    assert 0 < idle.idle_wait(listener) <= 1
+    other = worker.ToolhubWorker(
+        queue_names=["elsewhere"],
+        interval=2.0,
+        batch=False,
+        backend_name="default",
+        startup_delay=False,
+        max_tasks=None,
+        worker_id="other",
+        excluded_queue_names=[],
+    )
+    listener.listening.clear()
+    assert other.idle_wait(listener) == 2.0
+    listener.listening.set()
+    assert other.idle_wait(listener) == worker.LISTENING_POLL_S  # not its queue's entries
+
+
+def test_a_listening_worker_runs_a_delayed_entry_when_it_is_due_not_at_its_next_poll():
+    """Woken by the enqueue's notification, the worker finds the entry not due yet and
+    sleeps until its run_after, not for LISTENING_POLL_S."""
+    only_on_postgresql()
+    waiting = worker.build_worker("delayed")
+
+    def run() -> None:
+        try:
+            waiting.run()
+        finally:
+            connections.close_all()  # this thread's own
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1)  # its listener is in place
+        enqueued = tasks.notify_pending.using(
+            run_after=timezone.now() + timedelta(seconds=2)
+        ).enqueue(str(uuid.uuid4()))
+        deadline = time.monotonic() + 15  # half LISTENING_POLL_S
+        while DBTaskResult.objects.get(pk=enqueued.id).status != "SUCCESSFUL":
+            assert time.monotonic() < deadline, "the delayed entry waited for the next poll"
+            time.sleep(0.2)
+        entry = DBTaskResult.objects.get(pk=enqueued.id)
+        assert entry.started_at >= entry.run_after
+    finally:
+        waiting.running = False
+        wake.work_committed.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 def test_a_worker_started_while_the_database_is_down_waits_and_retries(tmp_path):
