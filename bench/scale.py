@@ -1088,7 +1088,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--deep", type=int, default=5_000, help="rows before the deep page")
     parser.add_argument(
-        "--idle", type=float, default=30.0, help="seconds an idle Daphne is watched (0: none)"
+        "--idle", type=float, default=60.0, help="seconds an idle Daphne is watched (0: none)"
     )
     parser.add_argument(
         "--builder",
