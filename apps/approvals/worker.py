@@ -118,7 +118,11 @@ class ToolhubWorker(Worker):
         if listener is None or not listener.listening.is_set():
             return self.interval
         wait = max(self.interval, LISTENING_POLL_S)
-        due = self.next_delayed()
+        try:
+            due = self.next_delayed()
+        except Exception:  # the database went away: the next claim meets it and backs off
+            _drop_connection()
+            return self.interval
         if due is not None:
             wait = min(wait, max(0.0, (due - timezone.now()).total_seconds()))
         return wait

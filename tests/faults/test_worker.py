@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.db.utils import OperationalError
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
@@ -184,6 +185,22 @@ def test_an_idle_worker_polls_rarely_while_listening_but_wakes_for_a_delayed_ent
     assert other.idle_wait(listener) == 2.0
     listener.listening.set()
     assert other.idle_wait(listener) == worker.LISTENING_POLL_S  # not its queue's entries
+
+
+def test_an_idle_worker_whose_database_fails_between_claim_and_wait_keeps_polling(
+    monkeypatch,
+):
+    """The wait is decided outside the loop's error handling: a database that went away
+    just after an empty claim must not end the worker's thread."""
+    idle = worker.build_worker("idle", interval=2.0)
+    listener = wake.Listener()
+    listener.listening.set()
+
+    def gone(self):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(worker.ToolhubWorker, "next_delayed", gone)
+    assert idle.idle_wait(listener) == 2.0
 
 
 def test_a_listening_worker_runs_a_delayed_entry_when_it_is_due_not_at_its_next_poll():
