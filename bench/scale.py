@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -593,6 +593,7 @@ def server_loop() -> Iterator[None]:
 
     from apps.invocations.events import remember_server_loop
 
+    global _server_loop
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bench-server-loop", daemon=True)
     thread.start()
@@ -601,11 +602,30 @@ def server_loop() -> Iterator[None]:
         remember_server_loop()
 
     asyncio.run_coroutine_threadsafe(remember(), loop).result(timeout=10)
+    _server_loop = loop
     try:
         yield
     finally:
+        _server_loop = None
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+
+
+_server_loop: Any = None
+
+
+def on_server_loop[T](coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run an ASGI exchange on the server loop, as Daphne runs every request on its own:
+    the application remembers the loop it is called on (toolhub/asgi.py), and one run by
+    async_to_sync (a loop of its own, closed after) left the process's pushes without a
+    running loop, each then paying for a loop of its own (a call 1 ms more, measured)."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    if _server_loop is None:
+        return async_to_sync(coroutine)()
+    return asyncio.run_coroutine_threadsafe(coroutine(), _server_loop).result(timeout=600)
 
 
 def measure(
@@ -881,7 +901,6 @@ def catalog_cold_after(api: Any, change: Callable[[], None], samples: int) -> di
 
 
 def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    from asgiref.sync import async_to_sync
     from asgiref.testing import ApplicationCommunicator
 
     from toolhub.asgi import application
@@ -916,7 +935,7 @@ def asgi_http(path: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[
         heads = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
         return start["status"], heads, b"".join(chunks)
 
-    return async_to_sync(go)()
+    return on_server_loop(go)
 
 
 def mcp_tools_list(
@@ -958,7 +977,6 @@ def mcp_tools_list(
 
 def replay(world: World) -> dict[str, Any]:
     """A run stream from after=0 over the long run, in process; the queries it made."""
-    from asgiref.sync import async_to_sync
     from channels.testing import WebsocketCommunicator
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -986,7 +1004,7 @@ def replay(world: World) -> dict[str, Any]:
         return got
 
     start = time.perf_counter()
-    got = async_to_sync(go)()
+    got = on_server_loop(go)
     seconds = time.perf_counter() - start
     del connection, CaptureQueriesContext
     return {"events": got, "seconds": round(seconds, 2), "events_per_s": round(got / seconds)}
